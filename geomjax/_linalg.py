@@ -1,0 +1,59 @@
+"""Small dense linear algebra that fuses inside compiled loops.
+
+`jnp.linalg.solve` lowers to a LAPACK custom call that XLA cannot fuse; on the tiny
+matrices of constrained mechanics (2×2 to 8×8) it dominates the cost of a step. These
+unrolled routines use only elementwise arithmetic, so they fuse with the surrounding field.
+"""
+
+import jax.numpy as jnp
+
+# Above this size the unrolled elimination stops paying off and LAPACK is used.
+_UNROLL_MAX = 8
+
+
+def small_solve(a, b):
+    """Solve `a @ x = b` for a small square matrix `a`.
+
+    Sizes 1 and 2 use closed forms; sizes up to 8 use Gauss–Jordan elimination with
+    partial pivoting, unrolled at trace time; larger systems call `jnp.linalg.solve`.
+
+    **Arguments:**
+
+    - `a`: array of shape `(m, m)`.
+    - `b`: array of shape `(m,)` or `(m, r)`.
+
+    **Returns:**
+
+    `x` with the shape of `b`. A singular `a` gives non-finite entries (no exception is
+    raised inside compiled code; callers check the result).
+
+    Example: `small_solve(jnp.array([[0., 2.], [-2., 0.]]), jnp.array([1., 1.]))`
+    returns `[-0.5, 0.5]`.
+    """
+    m = a.shape[0]
+    if m == 1:
+        return b / a[0, 0]
+    if m == 2:
+        det = a[0, 0] * a[1, 1] - a[0, 1] * a[1, 0]
+        x0 = (a[1, 1] * b[0] - a[0, 1] * b[1]) / det
+        x1 = (a[0, 0] * b[1] - a[1, 0] * b[0]) / det
+        return jnp.stack([x0, x1])
+    if m > _UNROLL_MAX:
+        return jnp.linalg.solve(a, b)
+    vector = b.ndim == 1
+    aug = jnp.concatenate([a, b[:, None] if vector else b], axis=1)
+    rows = [aug[i] for i in range(m)]
+    for col in range(m):
+        # Partial pivoting: bring the row with the largest |entry| in this column up.
+        mags = jnp.stack([jnp.abs(rows[r][col]) for r in range(col, m)])
+        best = jnp.argmax(mags)
+        candidates = jnp.stack(rows[col:])
+        chosen = candidates[best]
+        swapped = [jnp.where(best == (r - col), rows[col], rows[r]) for r in range(col, m)]
+        rows = rows[:col] + [chosen] + swapped[1:]
+        rows[col] = rows[col] / rows[col][col]
+        for r in range(m):
+            if r != col:
+                rows[r] = rows[r] - rows[r][col] * rows[col]
+    sol = jnp.stack([row[m:] for row in rows])
+    return sol[:, 0] if vector else sol

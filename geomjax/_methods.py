@@ -1,0 +1,35 @@
+"""Named one-step methods accepted by `geomjax.integrate(..., method=NAME)`."""
+
+from collections.abc import Callable
+
+from ._runge_kutta import EULER, HEUN, KUTTA3, MIDPOINT, RK4, explicit_rk
+
+# name -> (builder field ↦ step, classical order)
+_METHODS: dict[str, tuple[Callable, int]] = {
+    "euler": (lambda f: explicit_rk(f, EULER), 1),
+    "heun": (lambda f: explicit_rk(f, HEUN), 2),
+    "midpoint": (lambda f: explicit_rk(f, MIDPOINT), 2),
+    "rk3": (lambda f: explicit_rk(f, KUTTA3), 3),
+    "rk4": (lambda f: explicit_rk(f, RK4), 4),
+}
+
+
+def register_method(name: str, builder: Callable, order: int) -> None:
+    """Make `method=name` available in `geomjax.integrate`; `builder(field)` returns a step."""
+    _METHODS[name] = (builder, order)
+
+
+def method_names() -> list[str]:
+    """The names accepted by `geomjax.integrate(..., method=NAME)`."""
+    return sorted(_METHODS)
+
+
+def method_order(name: str) -> int:
+    """Classical order of the named method."""
+    return _METHODS[name][1]
+
+
+def build_step(name: str, field):
+    if name not in _METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {method_names()} or pass a diffrax solver")
+    return _METHODS[name][0](field)

@@ -1,0 +1,66 @@
+"""The result of `geomjax.integrate`."""
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from ._step import STATUS_MESSAGES, SUCCESS
+
+
+class IntegrationError(RuntimeError):
+    """Raised by `geomjax.integrate` (outside `jit`) when a run fails.
+
+    The partial result is kept in `.solution`: nothing computed is lost.
+    """
+
+    def __init__(self, message: str, solution: "Solution"):
+        super().__init__(message)
+        self.solution = solution
+
+
+class Solution(eqx.Module):
+    """A trajectory with its status.
+
+    **Fields:**
+
+    - `ts`: save times, shape `(n_saves + 1,)` (the initial time included).
+    - `xs`: saved flat states, shape `(n_saves + 1, dim)`.
+    - `status`: int32 code, 0 on success (see `message`).
+    - `failed_step`: the first step whose result was bad (1-based), −1 if none.
+    - `dt`, `t0`: step size and initial time.
+    - `num_steps`: steps taken.
+    """
+
+    ts: jax.Array
+    xs: jax.Array
+    status: jax.Array
+    failed_step: jax.Array
+    dt: jax.Array
+    t0: jax.Array
+    num_steps: jax.Array
+
+    @property
+    def ok(self):
+        """True where the run succeeded (an array under vmap)."""
+        return self.status == SUCCESS
+
+    @property
+    def x_final(self):
+        return self.xs[..., -1, :]
+
+    @property
+    def message(self) -> str:
+        """A sentence saying whether the run succeeded and, if not, where it failed."""
+        status = np.asarray(self.status)
+        if status.ndim:
+            bad = np.flatnonzero(status != SUCCESS)
+            if not bad.size:
+                return f"all {status.size} runs succeeded"
+            first = int(bad[0])
+            sub = jax.tree_util.tree_map(lambda a: a[first] if getattr(a, "ndim", 0) else a, self)
+            return f"{bad.size} of {status.size} runs failed; run {first}: {sub.message}"
+        if int(status) == SUCCESS:
+            return "success"
+        step = int(np.asarray(self.failed_step))
+        t = float(np.asarray(self.t0) + step * np.asarray(self.dt))
+        return f"integration failed at step {step} (t = {t:.6g}): {STATUS_MESSAGES.get(int(status), 'unknown error')}"

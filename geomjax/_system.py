@@ -1,0 +1,129 @@
+"""Mechanical systems defined only by JAX functions."""
+
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._structures import AbstractPoissonStructure, CanonicalStructure
+
+
+def _as_tuple(integrals):
+    if integrals is None:
+        return ()
+    if callable(integrals):
+        return (integrals,)
+    integrals = tuple(integrals)
+    for i, fn in enumerate(integrals):
+        if not callable(fn):
+            raise TypeError(f"integrals[{i}] must be a callable x ↦ I(x), got {type(fn).__name__}")
+    return integrals
+
+
+class System(eqx.Module):
+    """A Hamiltonian system with constraints and first integrals, given by JAX functions.
+
+    The equations of motion are never written by hand: geomjax derives brackets,
+    Hamiltonian and Dirac fields, multipliers and Jacobians from these functions by
+    autodiff.
+
+    **Arguments:**
+
+    - `hamiltonian`: `x ↦ H(x)`, a scalar, on the flat state `x`.
+    - `structure`: the Poisson structure (`geomjax.canonical(n)`, `geomjax.lie_poisson_so3()`,
+      `geomjax.lie_poisson_se2()`, `geomjax.PoissonStructure(B)`).
+    - `holonomic`: optional `q ↦ g(q)` of shape `(k,)`, position constraints g(q) = 0 on
+      T*Rⁿ (canonical structure only). geomjax completes them to the second-class set
+      f = (g, {g, H}) by adding the hidden velocity constraint {g, H} = Dg(q)·∂H/∂p.
+    - `constraints`: optional `x ↦ f(x)` of shape `(2k,)`, a general second-class set: the
+      constrained phase space S is a level set of f and C_ij = {f_i, f_j} is invertible near
+      S. Give `holonomic` or `constraints`, not both.
+    - `integrals`: extra first integrals, a callable `x ↦ I(x)` (scalar or vector) or a
+      sequence of them.
+
+    Parameters live in the functions: closures over arrays, `jax.tree_util.Partial`, or
+    `equinox.Module` callables. Array leaves of the functions are leaves of the `System`
+    pytree, so systems can be `vmap`ped over and differentiated with respect to parameters.
+
+    Example (seed 000's spherical pendulum):
+
+    ```python
+    import geomjax, jax.numpy as jnp
+
+    H = lambda x: 0.5 * x[3:] @ x[3:] + x[2]
+    system = geomjax.System(
+        H, geomjax.canonical(3),
+        constraints=lambda x: jnp.stack([x[:3] @ x[:3], x[:3] @ x[3:]]),
+        integrals=lambda x: x[0] * x[4] - x[1] * x[3],
+    )
+    ```
+    """
+
+    hamiltonian: Callable
+    structure: AbstractPoissonStructure
+    holonomic: Callable | None = None
+    constraints: Callable | None = None
+    integrals: tuple = ()
+
+    def __init__(
+        self,
+        hamiltonian: Callable,
+        structure: AbstractPoissonStructure,
+        *,
+        holonomic: Callable | None = None,
+        constraints: Callable | None = None,
+        integrals: Callable | Sequence[Callable] | None = (),
+    ):
+        if not callable(hamiltonian):
+            raise TypeError("hamiltonian must be a callable x ↦ H(x)")
+        if not isinstance(structure, AbstractPoissonStructure):
+            raise TypeError(
+                "structure must be a geomjax Poisson structure (geomjax.canonical(n), "
+                f"geomjax.lie_poisson_so3(), ...), got {type(structure).__name__}"
+            )
+        if holonomic is not None and constraints is not None:
+            raise ValueError("give either holonomic=g(q) or constraints=f(x), not both")
+        if holonomic is not None and not isinstance(structure, CanonicalStructure):
+            raise ValueError("holonomic=g(q) needs the canonical structure geomjax.canonical(n)")
+        self.hamiltonian = hamiltonian
+        self.structure = structure
+        self.holonomic = holonomic
+        self.constraints = constraints
+        self.integrals = _as_tuple(integrals)
+
+    @property
+    def dim(self) -> int | None:
+        """Dimension of the flat state."""
+        return self.structure.dim
+
+    @property
+    def is_constrained(self) -> bool:
+        return self.holonomic is not None or self.constraints is not None
+
+    def constraint_functions(self, x):
+        """The second-class constraint functions f(x) (shape `(2k,)`; empty if none).
+
+        For `holonomic=g` this is `(g(q), Dg(q)·∂H/∂p)`, the position constraints and the
+        hidden velocity constraints {g, H}, derived by autodiff.
+        """
+        if self.constraints is not None:
+            return jnp.atleast_1d(self.constraints(x))
+        if self.holonomic is not None:
+            q, p = self.structure.split(x)
+            dh_dp = jax.grad(lambda pp: self.hamiltonian(jnp.concatenate([q, pp])))(p)
+            g, g_dot = jax.jvp(lambda qq: jnp.atleast_1d(self.holonomic(qq)), (q,), (dh_dp,))
+            return jnp.concatenate([g, g_dot])
+        return jnp.zeros((0,), x.dtype)
+
+    def integral_values(self, x):
+        """The extra first integrals I(x), concatenated (shape `(ℓ,)`)."""
+        if not self.integrals:
+            return jnp.zeros((0,), x.dtype)
+        return jnp.concatenate([jnp.atleast_1d(fn(x)) for fn in self.integrals])
+
+    def conserved_quantities(self, x):
+        """F(x) = (f(x), H(x), I(x)): constraints, energy and extra integrals, in that order."""
+        return jnp.concatenate(
+            [self.constraint_functions(x), jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)]
+        )

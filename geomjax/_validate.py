@@ -1,0 +1,53 @@
+"""Input checks that turn bad input into errors that say what is wrong and where."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+    """True when `x` holds values (not a tracer inside jit/vmap/grad)."""
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def as_state(x0, dim: int | None, name: str = "x0"):
+    """Convert `x0` to a float64 state vector, raising clear errors for bad input.
+
+    Checks: one-dimensional, the expected length, floating dtype of 64 bits (float32 loses
+    the invariants geomjax preserves), and all entries finite (when concrete).
+    """
+    if isinstance(x0, (list, tuple)) or np.isscalar(x0):
+        x0 = jnp.asarray(x0, dtype=jnp.float64)
+    dtype = getattr(x0, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"{name} must be an array, got {type(x0).__name__}")
+    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        x0 = jnp.asarray(x0, dtype=jnp.float64)
+    elif dtype != jnp.float64:
+        raise TypeError(
+            f"{name} has dtype {dtype}; geomjax needs float64 states (float32 round-off "
+            "destroys the invariants it preserves). geomjax enables jax_enable_x64 on import: "
+            f"pass {name} as a float64 array, e.g. jnp.asarray({name}, dtype=jnp.float64)"
+        )
+    if x0.ndim != 1:
+        raise ValueError(f"{name} must be a flat state vector (one dimension), got shape {tuple(x0.shape)}")
+    if dim is not None and x0.shape[0] != dim:
+        raise ValueError(f"{name} has length {x0.shape[0]}, but the system's state has length {dim}")
+    if is_concrete(x0):
+        bad = np.flatnonzero(~np.isfinite(np.asarray(x0)))
+        if bad.size:
+            raise ValueError(f"{name} has non-finite entries (NaN or inf) at indices {bad.tolist()}")
+    return x0
+
+
+def check_positive_step(dt, steps, save_every):
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not isinstance(save_every, (int, np.integer)) or save_every < 1:
+        raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+    if steps % save_every:
+        raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
+    if is_concrete(dt):
+        d = np.asarray(dt)
+        if d.shape != () or not np.isfinite(d) or d <= 0:
+            raise ValueError(f"dt must be a positive finite scalar, got {dt!r}")

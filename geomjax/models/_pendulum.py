@@ -1,0 +1,86 @@
+"""Seed 000's pendulums: constrained to the sphere (§2.3) and to the circle (§2.4)."""
+
+import jax.numpy as jnp
+from jax.tree_util import Partial
+
+from .._structures import canonical
+from .._system import System
+from ._model import Model
+
+
+def _params(**kw):
+    return {k: jnp.asarray(v, dtype=jnp.float64) for k, v in kw.items()}
+
+
+def _pendulum_hamiltonian(params, x):
+    n = x.shape[0] // 2
+    q, p = x[:n], x[n:]
+    return 0.5 * (p @ p) / params["m"] + params["m"] * params["g"] * q[-1]
+
+
+def _radial_constraints(x):
+    """f = (|q|², q·p): the sphere/circle and its tangency, seed 000's second-class set."""
+    n = x.shape[0] // 2
+    q, p = x[:n], x[n:]
+    return jnp.stack([q @ q, q @ p])
+
+
+def _vertical_angular_momentum(x):
+    return x[0] * x[4] - x[1] * x[3]
+
+
+def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
+    """The spherical pendulum of seed 000 §2.3 on T*S² ⊂ T*R³.
+
+    H = |p|²/2m + m g q₃, second-class constraints f = (|q|², q·p) (level set (ℓ², 0)),
+    extra integral J = q₁p₂ − q₂p₁. Default start q(0) = (0, ℓ, 0), p(0) = (1, 0, −1), so
+    f = (ℓ², 0), J = −ℓ and H = 1 for m = g = ℓ = 1 (the seed prints H₀ = 2, a slip).
+
+    **Arguments:**
+
+    - `m`, `g`, `length`: mass, gravity, rod length (differentiable and vmappable).
+    - `q0`, `p0`: optional initial position and momentum.
+
+    **Returns:**
+
+    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H", "J")`.
+
+    Example:
+
+    ```python
+    model = geomjax.models.spherical_pendulum()
+    Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
+    ```
+    """
+    params = _params(m=m, g=g, length=length)
+    zero = jnp.zeros((), jnp.float64)
+    q0 = jnp.stack([zero, params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
+    p0 = jnp.array([1.0, 0.0, -1.0]) if p0 is None else jnp.asarray(p0, jnp.float64)
+    system = System(
+        Partial(_pendulum_hamiltonian, params),
+        canonical(3),
+        constraints=_radial_constraints,
+        integrals=(_vertical_angular_momentum,),
+    )
+    return Model("spherical_pendulum", system, params, jnp.concatenate([q0, p0]), ("f1", "f2", "H", "J"))
+
+
+def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
+    """The planar pendulum of seed 000 §2.4 on T*S¹ ⊂ T*R².
+
+    H = |p|²/2m + m g y, constraints f = (|q|², q·p); default start q(0) = (ℓ, 0),
+    p(0) = (0, 0) (released from the horizontal; one period ≈ 7.4163 for m = g = ℓ = 1).
+    The angle θ from the horizontal obeys θ̈ + (g/ℓ) cos θ = 0.
+
+    **Returns:**
+
+    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H")`.
+
+    Example: `geomjax.dirac_field(geomjax.models.planar_pendulum().system)`.
+    """
+    params = _params(m=m, g=g, length=length)
+    zero = jnp.zeros((), jnp.float64)
+    q0 = jnp.stack([params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
+    p0 = jnp.zeros(2) if p0 is None else jnp.asarray(p0, jnp.float64)
+    system = System(Partial(_pendulum_hamiltonian, params), canonical(2), constraints=_radial_constraints)
+    return Model("planar_pendulum", system, params, jnp.concatenate([q0, p0]), ("f1", "f2", "H"))
