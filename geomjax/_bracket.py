@@ -9,7 +9,7 @@ from ._structures import AbstractPoissonStructure
 
 def gradient_pieces(fn: Callable, structure: AbstractPoissonStructure, z):
     """∇fn at the state `z` (in pieces), by one reverse-mode pass through `merge`."""
-    return jax.grad(lambda w: fn(structure.merge(w)))(z)
+    return jax.grad(lambda w: structure.evaluate(fn, w))(z)
 
 
 def hamiltonian_vector_field(fn: Callable, structure: AbstractPoissonStructure) -> Callable:

@@ -28,9 +28,9 @@ class ConstraintData(eqx.Module):
 def constraint_data(system: System, z) -> ConstraintData:
     """Evaluate ∇H, f, Df, X_f and C_ij = {f_i, f_j} at the state `z` (pieces)."""
     s = system.structure
-    grad_h = jax.grad(lambda w: system.hamiltonian(s.merge(w)))(z)
+    grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
     x_h = s.apply(z, grad_h)
-    values, f_vjp = jax.vjp(lambda w: system.constraint_functions(s.merge(w)), z)
+    values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
     m = values.shape[0]
     eye = jnp.eye(m, dtype=values.dtype)
     grads = tuple(f_vjp(eye[i])[0] for i in range(m))
@@ -49,8 +49,12 @@ def constraint_data(system: System, z) -> ConstraintData:
 
 def dirac_multipliers(data: ConstraintData):
     """c = C⁻ᵀ h with h_i = {H, f_i}: the Dirac formula reads X = X_H − Σ_j c_j X_{f_j}."""
-    h = jnp.stack([tree_dot(data.grad_h, xf) for xf in data.fields])
-    return small_solve(data.matrix.T, h)
+    h = [tree_dot(data.grad_h, xf) for xf in data.fields]
+    if len(h) == 2:
+        # C = [[0, c], [−c, 0]] so Cᵀ c' = h reads −c·c'₁ = h₀, c·c'₀ = h₁.
+        c = data.matrix[0, 1]
+        return jnp.stack([h[1] / c, -h[0] / c])
+    return small_solve(data.matrix.T, jnp.stack(h))
 
 
 def dirac_vector(data: ConstraintData):

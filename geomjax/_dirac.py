@@ -1,5 +1,6 @@
 """The Dirac-extended Hamiltonian vector field (seed 000, Theorem 1 and eq. 4)."""
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
@@ -8,13 +9,16 @@ from ._field import AbstractField
 from ._system import System
 
 
+@eqx.filter_jit
+def _matrix_at(system: System, x):
+    return constraint_data(system, system.structure.split(x)).matrix
+
+
 def check_constraint_matrix(system: System, x0) -> None:
     """Raise if C_ij = {f_i, f_j} is singular (or nearly so) at the concrete state `x0`."""
     if not system.is_constrained:
         return
-    s = system.structure
-    data = constraint_data(system, s.split(x0))
-    c = np.asarray(data.matrix)
+    c = np.asarray(_matrix_at(system, x0))
     if not np.all(np.isfinite(c)):
         raise ValueError(
             "the constraint matrix C_ij = {f_i, f_j} is not finite at x0: the constraint "
@@ -91,4 +95,4 @@ def constraint_matrix(system: System, x):
 
     Example: for the spherical pendulum with f = (|q|², q·p), C = [[0, 2|q|²], [−2|q|², 0]].
     """
-    return constraint_data(system, system.structure.split(jnp.asarray(x))).matrix
+    return _matrix_at(system, jnp.asarray(x))

@@ -5,8 +5,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from ._derived import constraint_data, dirac_vector
+from ._derived import constraint_data, dirac_multipliers
 from ._dirac import check_constraint_matrix
 from ._field import AbstractField, tree_axpy
 from ._system import System
@@ -123,16 +124,23 @@ class FeedbackField(AbstractField):
         s = self.system.structure
         system = self.system
         data = constraint_data(system, z)
-        x = dirac_vector(data)
         m = data.values.shape[0]
-        h = system.hamiltonian(s.merge(z))
+        h = s.evaluate(system.hamiltonian, z)
         n_int = self.target.shape[0] - m - 1
         if n_int:
-            ivals, i_vjp = jax.vjp(lambda w: system.integral_values(s.merge(w)), z)
+            ivals, i_vjp = jax.vjp(lambda w: s.evaluate(system.integral_values, w), z)
             deviation = jnp.concatenate([data.values, jnp.atleast_1d(h), ivals]) - self.target
         else:
             deviation = jnp.concatenate([data.values, jnp.atleast_1d(h)]) - self.target
         w = self._weights(deviation)
+        c = dirac_multipliers(data) if m else jnp.zeros((0,), w.dtype)
+        # The scalar coefficients are computed once: without the barrier XLA fuses their
+        # reductions into every element of the vector combinations below (measured 4×).
+        c, w = lax.optimization_barrier((c, w))
+        # Y = X_H − Σ c_j X_{f_j} − L(w_H ∇H + Σ w_i ∇f_i + DIᵀ w_I)
+        x = data.x_h
+        for j, xf in enumerate(data.fields):
+            x = tree_axpy(-c[j], xf, x)
         grad_v = jax.tree_util.tree_map(lambda g: w[m] * g, data.grad_h)
         for i, g in enumerate(data.grads):
             grad_v = tree_axpy(w[i], g, grad_v)

@@ -17,11 +17,23 @@ from ._validate import as_state, check_positive_step, is_concrete
 
 
 def _all_finite(z):
-    leaves = jax.tree_util.tree_leaves(z)
-    ok = jnp.all(jnp.isfinite(leaves[0]))
-    for leaf in leaves[1:]:
-        ok = ok & jnp.all(jnp.isfinite(leaf))
-    return ok
+    """True if every entry of the state is finite.
+
+    A sum is non-finite exactly when some term is NaN or ±inf (inf − inf gives NaN), so one
+    scalar test suffices; small pieces are summed as written-out scalars, which XLA fuses
+    into the step instead of launching a reduction per step.
+    """
+    total = None
+    for leaf in jax.tree_util.tree_leaves(z):
+        flat = leaf.reshape(-1)
+        if flat.shape[0] <= 8:
+            part = flat[0]
+            for i in range(1, flat.shape[0]):
+                part = part + flat[i]
+        else:
+            part = jnp.sum(flat)
+        total = part if total is None else total + part
+    return jnp.isfinite(total)
 
 
 def _looks_like_step(fn) -> bool:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 import equinox as eqx
 import jax.numpy as jnp
 
+from ._pieces import evaluate_on_pieces
+
 
 class AbstractPoissonStructure(eqx.Module):
     """A Poisson tensor B(x) on a flat state space of dimension `dim`.
@@ -33,6 +35,14 @@ class AbstractPoissonStructure(eqx.Module):
     @abc.abstractmethod
     def apply(self, z, grad):
         """Return B(x)·grad in pieces, for `z` the state and `grad` a covector, both in pieces."""
+
+    def evaluate(self, fn, z):
+        """`fn(merge(z))`: a function of the flat state, evaluated at a state in pieces.
+
+        Structures with several pieces evaluate it so that autodiff sees no
+        concatenate-then-slice round trip (see `geomjax._pieces`).
+        """
+        return fn(self.merge(z))
 
     def matrix(self, x):
         """The dense matrix B(x), shape `(dim, dim)` (for checks and small problems)."""
@@ -61,6 +71,9 @@ class CanonicalStructure(AbstractPoissonStructure):
 
     def merge(self, z):
         return jnp.concatenate(z)
+
+    def evaluate(self, fn, z):
+        return evaluate_on_pieces(fn, z)
 
     def apply(self, z, grad):
         gq, gp = grad
