@@ -32,5 +32,34 @@ from ._structures import (
     lie_poisson_so3 as lie_poisson_so3,
 )
 from ._system import System as System
+from ._bundles import left_trivialised_se2 as left_trivialised_se2, left_trivialised_so3 as left_trivialised_so3
+from ._nonholonomic import (
+    NonholonomicFeedbackField as NonholonomicFeedbackField,
+    NonholonomicField as NonholonomicField,
+    embedding_defect as embedding_defect,
+    nonholonomic_field as nonholonomic_field,
+    nonholonomic_quantities as nonholonomic_quantities,
+    project_nonholonomic as project_nonholonomic,
+)
+from ._dla import dla as dla, discrete_lagrange_dalembert as discrete_lagrange_dalembert
+from ._rattle import rattle as rattle, shake as shake
+from ._splitting import (
+    compose as compose,
+    lie_trotter as lie_trotter,
+    strang as strang,
+    triple_jump as triple_jump,
+    triple_jump_coefficients as triple_jump_coefficients,
+)
+from ._implicit_rk import (  # importing registers "implicit_midpoint", "gauss2/4/6", "trapezoidal"
+    GAUSS2 as GAUSS2,
+    GAUSS4 as GAUSS4,
+    GAUSS6 as GAUSS6,
+    IMPLICIT_MIDPOINT as IMPLICIT_MIDPOINT,
+    TRAPEZOIDAL as TRAPEZOIDAL,
+    ImplicitTableau as ImplicitTableau,
+    implicit_rk as implicit_rk,
+)
+from ._projection import project as project
+from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ import numpy as np
 from ._derived import constraint_data, dirac_vector
 from ._field import AbstractField
 from ._system import System
+from ._validate import is_concrete
 
 
 @eqx.filter_jit
@@ -18,7 +19,12 @@ def check_constraint_matrix(system: System, x0) -> None:
     """Raise if C_ij = {f_i, f_j} is singular (or nearly so) at the concrete state `x0`."""
     if not system.is_constrained:
         return
-    c = np.asarray(_matrix_at(system, x0))
+    c = _matrix_at(system, x0)
+    if not is_concrete(c):
+        # x0 is concrete but the system is traced (its parameters are under jit/vmap/grad):
+        # nothing to check eagerly.
+        return
+    c = np.asarray(c)
     if not np.all(np.isfinite(c)):
         raise ValueError(
             "the constraint matrix C_ij = {f_i, f_j} is not finite at x0: the constraint "

@@ -66,7 +66,10 @@ def _check_metric(metric, dim):
 def _check_on_holonomic(system: System, x0, tol=1e-8):
     if system.holonomic is None or not is_concrete(x0):
         return
-    f = np.asarray(system.constraint_functions(x0))
+    f = system.constraint_functions(x0)
+    if not is_concrete(f):  # the system's parameters are traced: nothing to check eagerly
+        return
+    f = np.asarray(f)
     k = f.shape[0] // 2
     worst = np.abs(f).max() if f.size else 0.0
     if worst > tol:
@@ -168,6 +171,11 @@ def feedback_field(
     the integrals. With explicit Euler the feedback term is stiff: stability needs roughly
     h·λ_max(L∇²V) < 2 (for seed 000's pendulum with k = 50 and h = 1e−3 this holds).
 
+    For a nonholonomic system (`System(..., nonholonomic=omega)`, seed 001) X is the
+    extended field `geomjax.nonholonomic_field(system)` and F = (J, H_ext, integrals) with
+    target J = 0; on an embedded group (`left_trivialised_so3/se2`) V also gets k₀/4‖D‖²
+    (D = RᵀR − I or cos² + sin² − 1), k₀ being one extra, last gain.
+
     **Arguments:**
 
     - `system`: a `geomjax.System`.
@@ -191,6 +199,11 @@ def feedback_field(
     """
     if not isinstance(system, System):
         raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
+    if system.nonholonomic is not None:
+        # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
+        from ._nonholonomic import nonholonomic_feedback_field
+
+        return nonholonomic_feedback_field(system, x0, gains, metric)
     x0 = as_state(x0, system.dim)
     if is_concrete(x0):
         check_constraint_matrix(system, x0)

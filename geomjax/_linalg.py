@@ -41,19 +41,27 @@ def small_solve(a, b):
     if m > _UNROLL_MAX:
         return jnp.linalg.solve(a, b)
     vector = b.ndim == 1
-    aug = jnp.concatenate([a, b[:, None] if vector else b], axis=1)
-    rows = [aug[i] for i in range(m)]
+    # The row operations are decided by `a` alone and applied to `b` separately, so the
+    # result is linear in `b` with coefficients that do not depend on it: reverse-mode
+    # autodiff can transpose it (Newton's implicit-function gradients need that).
+    rows = [a[i] for i in range(m)]
+    rhs = [b[i] for i in range(m)]
     for col in range(m):
         # Partial pivoting: bring the row with the largest |entry| in this column up.
         mags = jnp.stack([jnp.abs(rows[r][col]) for r in range(col, m)])
         best = jnp.argmax(mags)
-        candidates = jnp.stack(rows[col:])
-        chosen = candidates[best]
+        chosen, chosen_rhs = jnp.stack(rows[col:])[best], jnp.stack(rhs[col:])[best]
         swapped = [jnp.where(best == (r - col), rows[col], rows[r]) for r in range(col, m)]
+        swapped_rhs = [jnp.where(best == (r - col), rhs[col], rhs[r]) for r in range(col, m)]
         rows = rows[:col] + [chosen] + swapped[1:]
-        rows[col] = rows[col] / rows[col][col]
+        rhs = rhs[:col] + [chosen_rhs] + swapped_rhs[1:]
+        pivot = rows[col][col]
+        rows[col] = rows[col] / pivot
+        rhs[col] = rhs[col] / pivot
         for r in range(m):
             if r != col:
-                rows[r] = rows[r] - rows[r][col] * rows[col]
-    sol = jnp.stack([row[m:] for row in rows])
-    return sol[:, 0] if vector else sol
+                factor = rows[r][col]
+                rows[r] = rows[r] - factor * rows[col]
+                rhs[r] = rhs[r] - factor * rhs[col]
+    sol = jnp.stack(rhs)
+    return sol

@@ -2,6 +2,9 @@
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from ._field import AbstractField, as_field
 from ._step import FieldStep, ok_status
@@ -14,6 +17,17 @@ class ButcherTableau(eqx.Module):
     b: tuple = eqx.field(static=True)
     order: int = eqx.field(static=True)
 
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+    def matrix(self):
+        """The coefficients as a dense `(s, s)` array (zero above the diagonal)."""
+        a = np.zeros((self.stages, self.stages))
+        for i, row in enumerate(self.a):
+            a[i, : len(row)] = row
+        return a
+
 
 EULER = ButcherTableau(a=((),), b=(1.0,), order=1)
 HEUN = ButcherTableau(a=((), (1.0,)), b=(0.5, 0.5), order=2)
@@ -22,35 +36,42 @@ KUTTA3 = ButcherTableau(a=((), (0.5,), (-1.0, 2.0)), b=(1 / 6, 2 / 3, 1 / 6), or
 RK4 = ButcherTableau(a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6), order=4)
 
 
-def _combine(z, h, coeffs, ks):
-    terms = [(c, k) for c, k in zip(coeffs, ks) if c != 0.0]
-    if not terms:
-        return z
+def _weighted(z, h, weights, ks):
+    """z + h Σ_i weights_i k_i, with the stage derivatives stacked along axis 0 of `ks`."""
 
-    def leaf(zl, *kl):
-        acc = terms[0][0] * kl[0]
-        for (c, _), kk in zip(terms[1:], kl[1:]):
-            acc = acc + c * kk
-        return zl + h * acc
+    def leaf(zl, kl):
+        return zl + h * jnp.tensordot(jnp.asarray(weights, kl.dtype), kl, axes=1)
 
-    return jax.tree_util.tree_map(leaf, z, *[k for _, k in terms])
+    return jax.tree_util.tree_map(leaf, z, ks)
 
 
 class ExplicitRungeKutta(FieldStep):
     """z_{n+1} = z_n + h Σ b_i k_i, k_i = X(z_n + h Σ_j a_ij k_j), for a field X.
 
     Works on the field's pieces (for T*Rⁿ the pair (q, p)), so the loop carries no flat
-    concatenations. Explicit methods are autonomous here: fields are x ↦ ẋ.
+    concatenations. Multi-stage methods run their stages in a `lax.fori_loop` whose body
+    holds one field evaluation: written out, XLA's CPU backend compiles the stages into a
+    body with several times the kernels (measured: RK4 3.9× slower unrolled). Fields are
+    autonomous: x ↦ ẋ.
     """
 
     field: AbstractField
     tableau: ButcherTableau
 
     def advance(self, z, h):
-        ks = []
-        for row in self.tableau.a:
-            ks.append(self.field.rhs(_combine(z, h, row, ks)))
-        return _combine(z, h, self.tableau.b, ks), ok_status()
+        tab = self.tableau
+        if tab.stages == 1:
+            k = self.field.rhs(z)
+            return jax.tree_util.tree_map(lambda a, b: a + (h * tab.b[0]) * b, z, k), ok_status()
+        a = jnp.asarray(tab.matrix(), dtype=jax.tree_util.tree_leaves(z)[0].dtype)
+        ks = jax.tree_util.tree_map(lambda leaf: jnp.zeros((tab.stages,) + leaf.shape, leaf.dtype), z)
+
+        def stage(i, ks):
+            k = self.field.rhs(_weighted(z, h, a[i], ks))
+            return jax.tree_util.tree_map(lambda stack, new: stack.at[i].set(new), ks, k)
+
+        ks = lax.fori_loop(0, tab.stages, stage, ks)
+        return _weighted(z, h, tab.b, ks), ok_status()
 
 
 def explicit_rk(field, tableau: ButcherTableau) -> ExplicitRungeKutta:

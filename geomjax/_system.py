@@ -41,6 +41,11 @@ class System(eqx.Module):
       S. Give `holonomic` or `constraints`, not both.
     - `integrals`: extra first integrals, a callable `x ↦ I(x)` (scalar or vector) or a
       sequence of them.
+    - `nonholonomic`: optional one-forms of nonholonomic (velocity) constraints, a callable
+      returning a `(k, d)` array ω; the constraint is ω·v = 0 on the velocity v = ∂H/∂(momentum).
+      On T*Rⁿ it is `q ↦ ω(q)` (ω(q)·q̇ = 0); on Lie–Poisson spaces `x ↦ ω` (constraint
+      ⟨ξ_a, ∂H/∂Π⟩ = 0, force Σ λ_a ξ_a); on the left-trivialised bundles `g ↦ ω(g)`. Rows
+      need not be orthonormal. See `geomjax.nonholonomic_field`.
 
     Parameters live in the functions: closures over arrays, `jax.tree_util.Partial`, or
     `equinox.Module` callables. Array leaves of the functions are leaves of the `System`
@@ -65,6 +70,7 @@ class System(eqx.Module):
     holonomic: Callable | None = None
     constraints: Callable | None = None
     integrals: tuple = ()
+    nonholonomic: Callable | None = None
 
     def __init__(
         self,
@@ -74,6 +80,7 @@ class System(eqx.Module):
         holonomic: Callable | None = None,
         constraints: Callable | None = None,
         integrals: Callable | Sequence[Callable] | None = (),
+        nonholonomic: Callable | None = None,
     ):
         if not callable(hamiltonian):
             raise TypeError("hamiltonian must be a callable x ↦ H(x)")
@@ -91,6 +98,11 @@ class System(eqx.Module):
         self.holonomic = holonomic
         self.constraints = constraints
         self.integrals = _as_tuple(integrals)
+        if nonholonomic is not None:
+            from ._nonholonomic import check_nonholonomic_system
+
+            check_nonholonomic_system(self, nonholonomic)
+        self.nonholonomic = nonholonomic
 
     @property
     def dim(self) -> int | None:

@@ -2,3 +2,11 @@
 
 from ._model import Model as Model
 from ._pendulum import planar_pendulum as planar_pendulum, spherical_pendulum as spherical_pendulum
+from ._pendulum_flows import pendulum_flows as pendulum_flows
+from ._nonholonomic import (
+    heisenberg as heisenberg,
+    knife_edge as knife_edge,
+    nonholonomic_oscillator as nonholonomic_oscillator,
+    vertical_disk as vertical_disk,
+)
+from ._nonholonomic_groups import chaplygin_sleigh as chaplygin_sleigh, roller_racer as roller_racer, suslov as suslov

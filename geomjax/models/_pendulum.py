@@ -25,11 +25,16 @@ def _radial_constraints(x):
     return jnp.stack([q @ q, q @ p])
 
 
+def _sphere_constraint(params, q):
+    """g(q) = |q|² − ℓ²: the holonomic form of the rod constraint (for RATTLE, SHAKE, ...)."""
+    return jnp.atleast_1d(q @ q - params["length"] ** 2)
+
+
 def _vertical_angular_momentum(x):
     return x[0] * x[4] - x[1] * x[3]
 
 
-def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
+def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False) -> Model:
     """The spherical pendulum of seed 000 §2.3 on T*S² ⊂ T*R³.
 
     H = |p|²/2m + m g q₃, second-class constraints f = (|q|², q·p) (level set (ℓ², 0)),
@@ -40,10 +45,14 @@ def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
 
     - `m`, `g`, `length`: mass, gravity, rod length (differentiable and vmappable).
     - `q0`, `p0`: optional initial position and momentum.
+    - `holonomic`: if True, state the rod as the position constraint g(q) = |q|² − ℓ²
+      (`System(holonomic=g)`), as RATTLE and SHAKE need; geomjax then adds the hidden
+      constraint {g, H} = 2q·p/m. The dynamics on T*S² are the same.
 
     **Returns:**
 
-    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H", "J")`.
+    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H", "J")`, or
+    `("g", "gdot", "H", "J")` with `holonomic=True`.
 
     Example:
 
@@ -56,25 +65,41 @@ def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
     zero = jnp.zeros((), jnp.float64)
     q0 = jnp.stack([zero, params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
     p0 = jnp.array([1.0, 0.0, -1.0]) if p0 is None else jnp.asarray(p0, jnp.float64)
-    system = System(
-        Partial(_pendulum_hamiltonian, params),
-        canonical(3),
-        constraints=_radial_constraints,
-        integrals=(_vertical_angular_momentum,),
-    )
-    return Model("spherical_pendulum", system, params, jnp.concatenate([q0, p0]), ("f1", "f2", "H", "J"))
+    hamiltonian = Partial(_pendulum_hamiltonian, params)
+    if holonomic:
+        system = System(
+            hamiltonian,
+            canonical(3),
+            holonomic=Partial(_sphere_constraint, params),
+            integrals=(_vertical_angular_momentum,),
+        )
+        names = ("g", "gdot", "H", "J")
+    else:
+        system = System(
+            hamiltonian, canonical(3), constraints=_radial_constraints, integrals=(_vertical_angular_momentum,)
+        )
+        names = ("f1", "f2", "H", "J")
+    return Model("spherical_pendulum", system, params, jnp.concatenate([q0, p0]), names)
 
 
-def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
+def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False) -> Model:
     """The planar pendulum of seed 000 §2.4 on T*S¹ ⊂ T*R².
 
     H = |p|²/2m + m g y, constraints f = (|q|², q·p); default start q(0) = (ℓ, 0),
     p(0) = (0, 0) (released from the horizontal; one period ≈ 7.4163 for m = g = ℓ = 1).
     The angle θ from the horizontal obeys θ̈ + (g/ℓ) cos θ = 0.
 
+    **Arguments:**
+
+    - `m`, `g`, `length`: mass, gravity, rod length.
+    - `q0`, `p0`: optional initial position and momentum.
+    - `holonomic`: if True, the rod is the position constraint g(q) = |q|² − ℓ²
+      (for RATTLE and SHAKE).
+
     **Returns:**
 
-    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H")`.
+    A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H")`, or
+    `("g", "gdot", "H")` with `holonomic=True`.
 
     Example: `geomjax.dirac_field(geomjax.models.planar_pendulum().system)`.
     """
@@ -82,5 +107,11 @@ def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None) -> Model:
     zero = jnp.zeros((), jnp.float64)
     q0 = jnp.stack([params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
     p0 = jnp.zeros(2) if p0 is None else jnp.asarray(p0, jnp.float64)
-    system = System(Partial(_pendulum_hamiltonian, params), canonical(2), constraints=_radial_constraints)
-    return Model("planar_pendulum", system, params, jnp.concatenate([q0, p0]), ("f1", "f2", "H"))
+    hamiltonian = Partial(_pendulum_hamiltonian, params)
+    if holonomic:
+        system = System(hamiltonian, canonical(2), holonomic=Partial(_sphere_constraint, params))
+        names = ("g", "gdot", "H")
+    else:
+        system = System(hamiltonian, canonical(2), constraints=_radial_constraints)
+        names = ("f1", "f2", "H")
+    return Model("planar_pendulum", system, params, jnp.concatenate([q0, p0]), names)

@@ -1,0 +1,218 @@
+"""RATTLE derived by autodiff (`geomjax.rattle`) vs RATTLE written by hand, spherical pendulum.
+
+All JAX variants run in the same `lax.scan` loop over the (q, p) pieces with h = 1e−3:
+
+- derived:   `geomjax.rattle(system).advance`, everything from autodiff of H and g = |q|² − 1,
+             λ by `newton_solve` (a while loop), μ by one linear solve;
+- hand:      the same algorithm written out for the sphere: scalar Newton on λ for
+             |q + h p½(λ)|² = 1 in a while loop with the same stopping test, μ in closed form;
+- hand, closed form: λ from the quadratic equation (no iteration), the fastest RATTLE a
+             person would write for this one constraint (a lower bound, not the same algorithm);
+- integrate: the public driver `geomjax.integrate(geomjax.rattle(system), ...)` (adds the
+             per-step failure flag and save logic);
+- NumPy:     the hand-written algorithm as a Python loop over NumPy arrays.
+
+Single trajectory (1e5 steps) and `vmap` over 1024 initial states (1e4 steps). Prints the
+times and the ratios measured in this run.
+
+Run: `python benchmarks/rattle.py [--steps N] [--batch B] [--batch-steps N]`.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import geomjax
+
+H = 1e-3
+TOL = 1e-13
+MAX_ITER = 25
+
+
+# --------------------------------------------------------------------------------------
+# Steps on (q, p) for H = |p|²/2 + q₃ and g = |q|² − 1 (m = g = ℓ = 1)
+
+
+def derived_step():
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    step = geomjax.rattle(model.system)
+    return lambda q, p: step.advance((q, p), H)[0]
+
+
+def _velocity_projection(q1, p_half):
+    e3 = jnp.array([0.0, 0.0, 1.0])
+    p_free = p_half - 0.5 * H * e3
+    # p₁ = p_free − (h/2)·2q₁μ with q₁·p₁ = 0
+    return p_free - (q1 @ p_free) / (q1 @ q1) * q1
+
+
+def hand_newton_step(q, p):
+    """RATTLE for the sphere by hand: Newton on ν = h²λ (a displacement) as geomjax does."""
+    e3 = jnp.array([0.0, 0.0, 1.0])
+    kick = p - 0.5 * H * e3
+
+    def position(nu):
+        p_half = kick - (2.0 * nu / H) * q  # (h/2)Gᵀλ = 2νq/h, G = 2qᵀ, ν = h²λ/2
+        return q + H * p_half, p_half
+
+    def cond(c):
+        _, k, done = c
+        return (k < MAX_ITER) & ~done
+
+    def body(c):
+        nu, k, _ = c
+        q1, _ = position(nu)
+        r = q1 @ q1 - 1.0
+        slope = -4.0 * (q1 @ q)
+        d = r / slope
+        nu_new = nu - d
+        return nu_new, k + 1, jnp.abs(d) <= TOL + TOL * jnp.abs(nu_new)
+
+    nu, _, _ = jax.lax.while_loop(cond, body, (jnp.zeros((), q.dtype), 0, False))
+    q1, p_half = position(nu)
+    return q1, _velocity_projection(q1, p_half)
+
+
+def hand_closed_form_step(q, p):
+    """RATTLE for the sphere with λ from the quadratic |s q + w|² = 1, s = 1 − h²λ."""
+    e3 = jnp.array([0.0, 0.0, 1.0])
+    kick = p - 0.5 * H * e3
+    w = H * kick
+    qq, qw, ww = q @ q, q @ w, w @ w
+    # qq s² + 2 qw s + ww − 1 = 0, root near s = 1
+    s = (-qw + jnp.sqrt(qw * qw - qq * (ww - 1.0))) / qq
+    q1 = s * q + w
+    p_half = (q1 - q) / H
+    return q1, _velocity_projection(q1, p_half)
+
+
+def numpy_rattle(x0, steps):
+    """The hand-written Newton RATTLE as a Python loop over NumPy arrays."""
+    q, p = np.array(x0[:3]), np.array(x0[3:])
+    e3 = np.array([0.0, 0.0, 1.0])
+    for _ in range(steps):
+        kick = p - 0.5 * H * e3
+        nu = 0.0
+        for _ in range(MAX_ITER):
+            q1 = q + H * (kick - (2.0 * nu / H) * q)
+            d = (q1 @ q1 - 1.0) / (-4.0 * (q1 @ q))
+            nu -= d
+            if abs(d) <= TOL + TOL * abs(nu):
+                break
+        p_half = kick - (2.0 * nu / H) * q
+        q = q + H * p_half
+        p_free = p_half - 0.5 * H * e3
+        p = p_free - (q @ p_free) / (q @ q) * q
+    return np.concatenate([q, p])
+
+
+# --------------------------------------------------------------------------------------
+# Loops and timing
+
+
+def scan_loop(step, steps):
+    def run(x0):
+        def body(carry, _):
+            return step(*carry), None
+
+        (q, p), _ = jax.lax.scan(body, (x0[:3], x0[3:]), None, length=steps)
+        return jnp.concatenate([q, p])
+
+    return run
+
+
+def timeit(fn, *args, repeat=5):
+    jax.block_until_ready(fn(*args))
+    best = np.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def initial_states(n, key):
+    """n states on T*S² (random point, random tangent momentum)."""
+    kq, kp = jax.random.split(key)
+    q = jax.random.normal(kq, (n, 3))
+    q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
+    p = jax.random.normal(kp, (n, 3))
+    p = p - jnp.sum(p * q, axis=1, keepdims=True) * q
+    return jnp.concatenate([q, p], axis=1)
+
+
+def count_fusions(fn, x):
+    text = jax.jit(fn).lower(x).compile().as_text()
+    return text.count(" fusion("), text.count("custom-call")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--batch-steps", type=int, default=10_000)
+    parser.add_argument("--numpy-steps", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    x0 = model.x0
+    steps = {
+        "derived": derived_step(),
+        "hand": hand_newton_step,
+        "hand, closed form": hand_closed_form_step,
+    }
+
+    single = {name: jax.jit(scan_loop(s, args.steps)) for name, s in steps.items()}
+    finals = {name: f(x0) for name, f in single.items()}
+    times = {name: timeit(f, x0) for name, f in single.items()}
+    rattle = geomjax.rattle(model.system)
+    integ = jax.jit(lambda x: geomjax.integrate(rattle, x, dt=H, steps=args.steps, save_every=args.steps).xs[-1])
+    finals["integrate"] = integ(x0)
+    times["integrate"] = timeit(integ, x0)
+
+    start = time.perf_counter()
+    x_np = numpy_rattle(np.asarray(x0), args.numpy_steps)
+    t_numpy = (time.perf_counter() - start) * args.steps / args.numpy_steps
+    x_short = jax.jit(scan_loop(steps["derived"], args.numpy_steps))(x0)
+    numpy_agree = float(np.max(np.abs(x_np - np.asarray(x_short))))
+
+    xs = initial_states(args.batch, jax.random.PRNGKey(0))
+    batch = {name: jax.jit(jax.vmap(scan_loop(s, args.batch_steps))) for name, s in steps.items()}
+    btimes = {name: timeit(f, xs, repeat=3) for name, f in batch.items()}
+    binteg = jax.jit(
+        jax.vmap(lambda x: geomjax.integrate(rattle, x, dt=H, steps=args.batch_steps, save_every=args.batch_steps).xs[-1])
+    )
+    btimes["integrate"] = timeit(binteg, xs, repeat=3)
+
+    ref = finals["hand"]
+    print(f"spherical pendulum RATTLE, h = {H:g}; device {jax.devices()[0]}")
+    print("final states vs hand-written (1e5 steps): " + ", ".join(
+        f"{k} {float(jnp.max(jnp.abs(v - ref))):.1e}" for k, v in finals.items() if k != "hand"
+    ))
+    print(f"NumPy loop vs derived after {args.numpy_steps} steps: {numpy_agree:.1e}")
+    fus_d, cc_d = count_fusions(scan_loop(steps["derived"], 10), x0)
+    fus_h, cc_h = count_fusions(scan_loop(steps["hand"], 10), x0)
+    print(f"compiled loop: derived {fus_d} fusions, {cc_d} custom calls; hand {fus_h} fusions, {cc_h} custom calls")
+    print()
+    n1, nb = args.steps, args.batch * args.batch_steps
+    print(f"{'variant':<20}{'single [s]':>12}{'ns/step':>10}{'vs hand':>9}"
+          f"{'vmap ' + str(args.batch) + ' [s]':>16}{'traj-steps/s':>15}{'vs hand':>9}")
+    for name in ["hand", "hand, closed form", "derived", "integrate"]:
+        t1, tb = times[name], btimes[name]
+        print(f"{name:<20}{t1:>12.4f}{t1 / n1 * 1e9:>10.0f}{t1 / times['hand']:>9.2f}"
+              f"{tb:>16.4f}{nb / tb:>15.3g}{tb / btimes['hand']:>9.2f}")
+    print(f"{'NumPy loop':<20}{t_numpy:>12.2f}{t_numpy / n1 * 1e9:>10.0f}{t_numpy / times['hand']:>9.1f}")
+    print()
+    print(f"derived / hand: {times['derived'] / times['hand']:.2f}x (single), "
+          f"{btimes['derived'] / btimes['hand']:.2f}x (vmap {args.batch}); "
+          f"derived / closed form: {times['derived'] / times['hand, closed form']:.2f}x, "
+          f"{btimes['derived'] / btimes['hand, closed form']:.2f}x")
+    print(f"speed-up of geomjax.rattle over the NumPy loop: {t_numpy / times['derived']:.0f}x (single); "
+          f"vmap {args.batch} vs NumPy one trajectory at a time: "
+          f"{t_numpy * args.batch * args.batch_steps / args.steps / btimes['derived']:.0f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,731 @@
+"""Nonholonomic systems: the extension off the constraint set and its feedback field (seed 001).
+
+A nonholonomic system is a Hamiltonian H on a phase space whose states split into a
+configuration piece and a momentum piece m (T*Rⁿ: (q, p); left-trivialised bundles:
+(g, μ); Lie–Poisson spaces: only Π), with k velocity constraints
+
+    ω(q)·v = 0,    v = ∂H/∂m (the velocity; on T*Rⁿ, q̇),
+
+ω a (k, d) array of one-forms, not necessarily orthonormal. Everything else is derived by
+autodiff (seed 001 §2, Remark 2.4, as reconstructed in DESIGN.md):
+
+    J = ω ∂H/∂m                          constraint momenta, the constraint set is J = 0
+    C_ab = ⟨∂J_a/∂m, ω_b⟩                 (= ω M⁻¹ ωᵀ for H = ½ mᵀM⁻¹m + U)
+    H_ext = H − ½ Jᵀ C⁻¹ J               extended Hamiltonian (= H on J = 0)
+    λ = −C⁻¹ {J, H_ext}                   multipliers
+    ẋ = B ∇H_ext + (0, ωᵀλ)               the force acts on the momentum piece only.
+
+Then J̇ = {J, H_ext} + Cλ = 0 everywhere, and Ḣ_ext = λ·(ω ∂H_ext/∂m) = 0 whenever C does
+not depend on m (kinetic energy quadratic in the momenta): J and H_ext are first
+integrals on the whole phase space, and on J = 0 the field is the Lagrange–d'Alembert
+field. A feedback field then adds −L∇V with V = ½ΔᵀKΔ, Δ = (J, H_ext − H₀, I − I₀), and,
+for structures embedded in Euclidean space, + k₀/4 ‖D‖² with D the embedding defect
+(RᵀR − I for SO(3), cos² + sin² − 1 for SE(2)).
+
+Inside loops every quantity is computed on the pieces: two reverse passes (∇H inside
+∇H_ext), k forward passes for C, one forward pass for {J, H_ext} = DJ·X, closed-form
+solves of the k × k matrix C, and one reverse pass for ∇V.
+"""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._feedback import _check_metric, _gain_array
+from ._field import AbstractField
+from ._linalg import small_solve
+from ._pieces import evaluate_on_pieces
+from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
+from ._system import System
+from ._validate import as_state, is_concrete
+from jax.extend.core import Literal
+
+# --------------------------------------------------------------------------------------
+# Which piece is the momentum
+
+
+def nonholonomic_layout(structure) -> str | None:
+    """`"pair"` when pieces are (configuration, momentum), `"momentum"` when the whole state
+    is the momentum (Lie–Poisson spaces), None when the structure does not say."""
+    if isinstance(structure, CanonicalStructure):
+        return "pair"
+    if isinstance(structure, (LiePoissonSO3, LiePoissonSE2)):
+        return "momentum"
+    return getattr(structure, "nonholonomic_layout", None)
+
+
+def check_nonholonomic_system(system: System, omega) -> None:
+    """Validation run by `System(..., nonholonomic=omega)` (before the field is stored)."""
+    if not callable(omega):
+        raise TypeError("nonholonomic must be a callable returning the (k, d) constraint one-forms ω")
+    if system.holonomic is not None or system.constraints is not None:
+        raise ValueError(
+            "nonholonomic constraints cannot be combined with holonomic= or constraints= in one System"
+        )
+    if nonholonomic_layout(system.structure) is None:
+        raise ValueError(
+            f"nonholonomic constraints need to know which coordinates are momenta; the structure "
+            f"{type(system.structure).__name__} does not say. Use geomjax.canonical(n), "
+            "geomjax.lie_poisson_so3(), geomjax.lie_poisson_se2(), geomjax.left_trivialised_so3() "
+            "or geomjax.left_trivialised_se2(), or give your structure a class attribute "
+            "nonholonomic_layout = 'pair' with pieces (configuration, momentum)"
+        )
+
+
+def _require(system) -> None:
+    if not isinstance(system, System):
+        raise TypeError(f"expected a geomjax.System, got {type(system).__name__}")
+    if system.nonholonomic is None:
+        raise ValueError("this System has no nonholonomic constraints: build it with System(..., nonholonomic=omega)")
+
+
+# --------------------------------------------------------------------------------------
+# Scalar pieces
+#
+# Inside loops the state is taken apart into its scalar entries (arrays of shape (1,)),
+# and every function of the user's (H, ω, integrals) is evaluated with its flat input
+# replaced by these scalars (`evaluate_on_pieces`). Reverse-mode autodiff then sees no
+# slices of vectors, so it emits no pads: the gradient of each entry is accumulated as a
+# scalar. Pads of single entries into vectors, summed, split XLA's CPU fusions (measured
+# 15× slower on the knife edge than the field written by hand); on scalars the whole
+# derivation fuses into a few kernels. Vectors are rebuilt only at the end.
+
+_UNROLL = 8
+_MODE = {}
+
+
+def _scalars(a):
+    flat = a.reshape(-1)
+    return [lax.slice(flat, (i,), (i + 1,)) for i in range(flat.shape[0])]
+
+
+def _partial(fn, s, i):
+    """∂fn/∂s_i by one forward-mode pass in the single scalar s_i (the others held fixed)."""
+    head, tail = s[:i], s[i + 1 :]
+    return jax.jvp(lambda si: fn(head + (si,) + tail), (s[i],), (jnp.ones_like(s[i]),))[1]
+
+
+def _dependencies(fn, s):
+    """For each output of `fn(s)` (a list of arrays), the set of indices i of the scalar
+    inputs s_i it depends on, read off the traced jaxpr (conservatively through sub-calls)."""
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in s]
+    closed = jax.make_jaxpr(lambda *a: fn(tuple(a)))(*specs)
+    jaxpr = closed.jaxpr
+    deps = {v: {i} for i, v in enumerate(jaxpr.invars)}
+    for eqn in jaxpr.eqns:
+        d = set()
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                d |= deps.get(v, set())
+        for o in eqn.outvars:
+            deps[o] = d
+    return [set() if isinstance(v, Literal) else deps.get(v, set()) for v in jaxpr.outvars]
+
+
+def _sparse_partials(fn, s):
+    """table[i][o] = ∂fn_o/∂s_i, None where output o does not depend on s_i (no work)."""
+    deps = _dependencies(fn, s)
+    table = []
+    for i in range(len(s)):
+        needed = [i in d for d in deps]
+        if not any(needed):
+            table.append([None] * len(deps))
+            continue
+        row = _partial(fn, s, i)
+        table.append([r.reshape(1) if n else None for r, n in zip(row, needed)])
+    return table
+
+
+def _sdot_sparse(u, v):
+    """Σ u_i v_i over the entries where v_i is not None (None if there are none)."""
+    acc = None
+    for a, b in zip(u, v):
+        if b is None:
+            continue
+        acc = a * b if acc is None else acc + a * b
+    return acc
+
+
+def _sdot(u, v):
+    acc = u[0] * v[0]
+    for a, b in zip(u[1:], v[1:]):
+        acc = acc + a * b
+    return acc
+
+
+def _inverse(c):
+    """Inverse of a k×k matrix given as nested lists of scalars (written out for k ≤ 2)."""
+    k = len(c)
+    if k == 1:
+        return [[1.0 / c[0][0]]]
+    if k == 2:
+        r = 1.0 / (c[0][0] * c[1][1] - c[0][1] * c[1][0])
+        return [[c[1][1] * r, -c[0][1] * r], [-c[1][0] * r, c[0][0] * r]]
+    mat = jnp.concatenate([jnp.concatenate(row) for row in c]).reshape(k, k)
+    inv = small_solve(mat, jnp.eye(k, dtype=mat.dtype))
+    return [[lax.slice(inv, (a, b), (a + 1, b + 1)).reshape(1) for b in range(k)] for a in range(k)]
+
+
+def _matvec(a, x):
+    return [_sdot(row, x) for row in a]
+
+
+def _solve(c, b):
+    """Solve C x = b for a k×k matrix C and vector b given as (nested) lists of scalars."""
+    return _matvec(_inverse(c), b)
+
+
+def _dot(u, v):
+    """Inner product of two short vectors, written out."""
+    if u.shape[0] <= _UNROLL:
+        acc = u[0] * v[0]
+        for i in range(1, u.shape[0]):
+            acc = acc + u[i] * v[i]
+        return acc
+    return jnp.sum(u * v)
+
+
+def _rows_dot(w, v):
+    """w @ v for a (k, d) array w, as k written-out inner products."""
+    return jnp.stack([_dot(w[a], v) for a in range(w.shape[0])])
+
+
+def _combine_rows(w, coeffs):
+    """Σ_a coeffs_a w_a, the one-forms weighted by the multipliers: ωᵀλ."""
+    acc = coeffs[0] * w[0]
+    for a in range(1, w.shape[0]):
+        acc = acc + coeffs[a] * w[a]
+    return acc
+
+
+# --------------------------------------------------------------------------------------
+# The derived quantities at one state
+
+
+class _Parts:
+    """The system's functions on the scalar pieces `s` of a state shaped like `z`.
+
+    `s` lists the entries of the flat state in order (shape (1,) each); the first `nc` are
+    the configuration, the rest the momentum (`nc = 0` on Lie–Poisson spaces).
+    """
+
+    def __init__(self, system: System, z):
+        self.system = system
+        self.structure = system.structure
+        self.kind = nonholonomic_layout(self.structure)
+        leaves, self.treedef = jax.tree_util.tree_flatten(z)
+        self.shapes = [leaf.shape for leaf in leaves]
+        self.nc = leaves[0].size if self.kind == "pair" else 0
+        self.config_is_vector = self.kind == "pair" and leaves[0].ndim == 1
+
+    # -- conversions
+    def explode(self, z):
+        out = []
+        for leaf in jax.tree_util.tree_leaves(z):
+            out.extend(_scalars(leaf))
+        return tuple(out)
+
+    def implode(self, s):
+        leaves, start = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape))
+            leaves.append(jnp.concatenate(s[start : start + size]).reshape(shape))
+            start += size
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def _config(self, s):
+        return self.implode(s)[0] if self.kind == "pair" else self.implode(s)
+
+    # -- the user's functions on scalars
+    def energy(self, s):
+        return evaluate_on_pieces(self.system.hamiltonian, list(s)).reshape(())
+
+    def forms(self, s):
+        """ω as a (k, d) array."""
+        if self.kind == "momentum":
+            w = evaluate_on_pieces(self.system.nonholonomic, list(s))
+        elif self.config_is_vector:
+            w = evaluate_on_pieces(self.system.nonholonomic, list(s[: self.nc]))
+        else:
+            w = self.system.nonholonomic(self._config(s))
+        w = jnp.asarray(w)
+        return w[None, :] if w.ndim == 1 else w
+
+    def form_entries(self, s):
+        w = self.forms(s)
+        k, d = w.shape
+        if _MODE.get("entrywise") and self.kind == "pair" and self.config_is_vector:
+            fn = self.system.nonholonomic
+            args = list(s[: self.nc])
+            entry = lambda a, i: evaluate_on_pieces(lambda q: jnp.atleast_2d(fn(q))[a, i], args).reshape(1)
+            return w, [[entry(a, i) for i in range(d)] for a in range(k)]
+        return w, [[lax.slice(w, (a, i), (a + 1, i + 1)).reshape(1) for i in range(d)] for a in range(k)]
+
+    def integrals(self, s):
+        return evaluate_on_pieces(self.system.integral_values, list(s))
+
+    def defect(self, s):
+        return self.structure.embedding_defect(self._config(s)).reshape(-1)
+
+    @property
+    def embedded(self) -> bool:
+        return self.kind == "pair" and hasattr(self.structure, "embedding_defect")
+
+    # -- derived quantities
+    def velocity(self, s):
+        """v = ∂H/∂m, as scalars (one forward-mode pass per momentum entry)."""
+        s = tuple(s)
+        return tuple(_partial(self.energy, s, i).reshape(1) for i in range(self.nc, len(s)))
+
+    def momenta(self, s):
+        """J = ω ∂H/∂m, a list of k scalars."""
+        _, rows = self.form_entries(s)
+        v = self.velocity(s)
+        return [_sdot(row, v) for row in rows]
+
+    def matrix(self, s):
+        """C_ab = ⟨∂J_a/∂m, ω_b⟩ as nested lists (column b: derivative of J along ω_b in m)."""
+        _, rows = self.form_entries(s)
+        head, m = tuple(s[: self.nc]), tuple(s[self.nc :])
+        j_of_m = lambda mm: self.momenta(head + mm)
+        cols = [jax.jvp(j_of_m, (m,), (tuple(row),))[1] for row in rows]
+        k = len(rows)
+        return [[cols[b][a] for b in range(k)] for a in range(k)]
+
+    def core(self, s):
+        """(J, C⁻¹, μ = C⁻¹J) at s; C⁻¹ is formed once (one reciprocal)."""
+        j = self.momenta(s)
+        c_inv = _inverse(self.matrix(s))
+        mu = _matvec(c_inv, j)
+        return j, c_inv, mu
+
+    def extended(self, s):
+        """H_ext = H − ½ JᵀC⁻¹J."""
+        j, _, mu = self.core(s)
+        return self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+
+    def frozen_terms(self, s, mu):
+        """(H, J, ½μᵀCμ) at s with μ held fixed (μᵀCμ as one directional derivative).
+
+        Where μ = C⁻¹J, H_ext = H − μ·J + ½μᵀCμ has the gradient ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ
+        = ∇H_ext: the gradient needs no derivative of the solve. μᵀCμ is the derivative of
+        μ·J(m) along ωᵀμ in the momentum.
+        """
+        _, rows = self.form_entries(s)
+        head, m = tuple(s[: self.nc]), tuple(s[self.nc :])
+        u = tuple(_sdot(mu, [row[i] for row in rows]) for i in range(len(m)))
+        mu_j = lambda mm: _sdot(mu, self.momenta(head + mm))
+        _, quad = jax.jvp(mu_j, (m,), (u,))
+        return [self.energy(s).reshape(1)] + list(self.momenta(s)) + [0.5 * quad]
+
+    def field(self, s, z, extra=None):
+        """The extended field at the state z (scalars s), with shared first derivatives.
+
+        One forward-mode pass per state entry s_i differentiates the tuple
+        (H, J, ½μᵀCμ, extra(s)) (μ = C⁻¹J frozen); from these partials
+        ∇H_ext = ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ, {J, H_ext} = DJ·X_Hext, and the partials of
+        `extra` (for the feedback term) come out without further passes.
+
+        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂J/∂s_i, ∂extra/∂s_i), the last three as lists
+        over the state entries i.
+        """
+        s = tuple(s)
+        j, c_inv, mu = self.core(s)
+        c_inv, mu = lax.optimization_barrier((c_inv, mu))
+        h_ext = self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+        k = len(j)
+
+        def terms(ss):
+            out = self.frozen_terms(ss, mu)
+            if extra is not None:
+                out = out + list(extra(ss))
+            return out
+
+        if _MODE.get("reverse"):
+            return self._field_reverse(s, z, extra, j, c_inv, mu, h_ext, terms)
+        table = _sparse_partials(terms, s)
+        zero = jnp.zeros_like(s[0])
+        grad = []
+        for row in table:
+            g = _sdot_sparse([1.0] + [-x for x in mu] + [1.0], row[: 2 + k])
+            grad.append(zero if g is None else g)
+        grad = tuple(grad)
+        x_h = self.structure.apply(z, self.implode(grad))
+        x_s = self.explode(x_h)
+        j_dot = []
+        for a in range(k):
+            d = _sdot_sparse(x_s, [row[1 + a] for row in table])
+            j_dot.append(zero if d is None else d)
+        lam = [-x for x in _matvec(c_inv, j_dot)]
+        return x_h, h_ext, j, lam, grad, [row[1 : 1 + k] for row in table], [row[2 + k :] for row in table]
+
+    def _field_reverse(self, s, z, extra, j, c_inv, mu, h_ext, terms):
+        k = len(j)
+        g_fn = lambda ss: self.frozen_terms(ss, mu)
+        def g(ss):
+            t = g_fn(ss)
+            return (t[0] - _sdot(mu, t[1 : 1 + k]) + t[1 + k]).reshape(())
+        grad = jax.grad(g)(s)
+        x_h = self.structure.apply(z, self.implode(grad))
+        _, j_dot = jax.jvp(self.momenta, (s,), (self.explode(x_h),))
+        lam = [-x for x in _matvec(c_inv, j_dot)]
+        # jacobians of J and extras by reverse passes (one per output)
+        outs_fn = lambda ss: list(self.momenta(ss)) + (list(extra(ss)) if extra is not None else [])
+        vals, pull = jax.vjp(outs_fn, s)
+        rows = []
+        for o in range(len(vals)):
+            ct = [jnp.zeros_like(v) for v in vals]
+            ct[o] = jnp.ones_like(vals[o])
+            rows.append(pull(ct)[0])
+        table_j = [[rows[a][i] for a in range(k)] for i in range(len(s))]
+        table_e = [[rows[o][i] for o in range(k, len(vals))] for i in range(len(s))]
+        return x_h, h_ext, j, lam, grad, table_j, table_e
+
+    def add_force(self, s, x_h, lam):
+        w = self.forms(s)
+        force = lam[0] * w[0]
+        for a in range(1, w.shape[0]):
+            force = force + lam[a] * w[a]
+        if self.kind == "pair":
+            return (x_h[0], x_h[1] + force.astype(x_h[1].dtype))
+        return x_h + force.astype(x_h.dtype)
+
+
+def _at(system, x):
+    """(_Parts, scalars, pieces) at a flat state."""
+    z = system.structure.split(jnp.asarray(x))
+    parts = _Parts(system, z)
+    return parts, parts.explode(z), z
+
+
+def _matrix_array(c):
+    return jnp.concatenate([jnp.concatenate(row) for row in c]).reshape(len(c), len(c))
+
+
+@eqx.filter_jit
+def _matrix_at(system, x):
+    parts, s, _ = _at(system, x)
+    return _matrix_array(parts.matrix(s))
+
+
+def _check_matrix_at(system, x0) -> None:
+    c = np.asarray(_matrix_at(system, x0))
+    if not np.all(np.isfinite(c)):
+        raise ValueError("the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩ is not finite at x0")
+    sv = np.linalg.svd(c, compute_uv=False)
+    if sv[0] == 0.0 or sv[-1] <= 1e-12 * max(sv[0], 1.0):
+        raise ValueError(
+            "the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩ is singular at x0 (singular values "
+            f"{np.array2string(sv, precision=3)}): the constraint one-forms are linearly "
+            "dependent there, or the kinetic energy is degenerate along them"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# The extended field
+
+
+class NonholonomicField(AbstractField):
+    """The extended nonholonomic field ẋ = B∇H_ext + (0, ωᵀλ), λ = −C⁻¹{J, H_ext} (seed 001 §2).
+
+    Built by `geomjax.nonholonomic_field(system)`. Besides `field(x)` it evaluates the
+    derived quantities on flat states: `momenta(x)` (J), `matrix(x)` (C),
+    `extended_hamiltonian(x)` (H_ext), `multipliers(x)` (λ) and `quantities(x)`
+    (F = (J, H_ext, integrals)).
+    """
+
+    system: System
+
+    def split(self, x):
+        return self.system.structure.split(x)
+
+    def merge(self, z):
+        return self.system.structure.merge(z)
+
+    @property
+    def dim(self):
+        return self.system.dim
+
+    def check(self, x0) -> None:
+        _check_matrix_at(self.system, x0)
+
+    def rhs(self, z):
+        parts = _Parts(self.system, z)
+        s = parts.explode(z)
+        x_h, _, _, lam, _, _, _ = parts.field(s, z)
+        return parts.add_force(s, x_h, lam)
+
+    def momenta(self, x):
+        """J(x) = ω ∂H/∂m, shape (k,)."""
+        parts, s, _ = _at(self.system, x)
+        return jnp.concatenate(parts.momenta(s))
+
+    def matrix(self, x):
+        """C(x), shape (k, k)."""
+        parts, s, _ = _at(self.system, x)
+        return _matrix_array(parts.matrix(s))
+
+    def extended_hamiltonian(self, x):
+        """H_ext(x) = H − ½ JᵀC⁻¹J."""
+        parts, s, _ = _at(self.system, x)
+        return parts.extended(s)
+
+    def multipliers(self, x):
+        """λ(x) = −C⁻¹{J, H_ext}, shape (k,)."""
+        parts, s, z = _at(self.system, x)
+        return jnp.concatenate(parts.field(s, z)[3])
+
+    def quantities(self, x):
+        """F(x) = (J, H_ext, integrals), the quantities the feedback field stabilises."""
+        return nonholonomic_quantities(self.system, x)
+
+
+def nonholonomic_field(system: System) -> NonholonomicField:
+    """The extension of a nonholonomic system to its whole phase space (seed 001 §2).
+
+    With constraint one-forms ω (rows need not be orthonormal), all derived by autodiff:
+
+    J = ω ∂H/∂m,  C_ab = ⟨∂J_a/∂m, ω_b⟩,  H_ext = H − ½JᵀC⁻¹J,  λ = −C⁻¹{J, H_ext},
+
+    ẋ = B∇H_ext + (0, ωᵀλ)  (on T*Rⁿ: q̇ = ∂H_ext/∂p, ṗ = −∂H_ext/∂q + ωᵀλ;
+    on so(3)*: Π̇ = Π × ∇H_ext + λξ).
+
+    J and H_ext are first integrals everywhere (kinetic energy quadratic in the momenta),
+    and on the constraint set J = 0 the field equals the Lagrange–d'Alembert equations.
+    Any integrator can be applied; `geomjax.feedback_field` makes J = 0 and the energy
+    level attracting.
+
+    **Arguments:**
+
+    - `system`: a `geomjax.System` built with `nonholonomic=omega`.
+
+    **Returns:**
+
+    A `NonholonomicField`, callable `x ↦ ẋ` on flat states (jit/vmap/grad compatible),
+    accepted by `geomjax.integrate`.
+
+    Example (Suslov problem on so(3)*):
+
+    ```python
+    inertia, xi = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.0, 0.0, 1.0])
+    system = geomjax.System(lambda m: 0.5 * jnp.sum(m**2 / inertia), geomjax.lie_poisson_so3(),
+                            nonholonomic=lambda x: xi[None, :])
+    X = geomjax.nonholonomic_field(system)
+    ```
+    """
+    _require(system)
+    return NonholonomicField(system)
+
+
+def nonholonomic_quantities(system: System, x):
+    """F(x) = (J(x), H_ext(x), I(x)) for a nonholonomic system (constraint momenta first).
+
+    Example: `geomjax.nonholonomic_quantities(model.system, model.x0)`.
+    """
+    _require(system)
+    parts, s, _ = _at(system, x)
+    j, _, mu = parts.core(s)
+    h_ext = parts.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+    pieces = list(j) + [jnp.atleast_1d(h_ext)]
+    if system.integrals:
+        pieces.append(parts.integrals(s))
+    return jnp.concatenate(pieces)
+
+
+def embedding_defect(system: System, x):
+    """‖D(x)‖ (Frobenius norm of the embedding defect: RᵀR − I or cos² + sin² − 1).
+
+    Zero when the structure has no embedding.
+    """
+    s = system.structure
+    if not hasattr(s, "embedding_defect"):
+        return jnp.zeros((), jnp.asarray(x).dtype)
+    d = s.embedding_defect(s.split(jnp.asarray(x))[0])
+    return jnp.sqrt(jnp.sum(d * d))
+
+
+def project_nonholonomic(system: System, x):
+    """Move the momentum onto the constraint set: m ← m − ωᵀC⁻¹J (configuration kept).
+
+    For a Hamiltonian quadratic in the momenta this gives J = 0 exactly; it is the
+    orthogonal projection in the kinetic-energy metric.
+
+    Example: `x_on = geomjax.project_nonholonomic(system, x)`.
+    """
+    _require(system)
+    parts, s, z = _at(system, x)
+    mu = _solve(parts.matrix(s), parts.momenta(s))
+    w = parts.forms(s)
+    shift = mu[0] * w[0]
+    for a in range(1, w.shape[0]):
+        shift = shift + mu[a] * w[a]
+    if parts.kind == "pair":
+        z = (z[0], z[1] - shift)
+    else:
+        z = z - shift
+    return system.structure.merge(z)
+
+
+# --------------------------------------------------------------------------------------
+# The feedback field
+
+
+class NonholonomicFeedbackField(AbstractField):
+    """Y = X − L∇V for a nonholonomic system (seed 001 §2.4 with the extended field X).
+
+    V = ½ ΔᵀKΔ with Δ = (J, H_ext − H₀, I − I₀), plus k₀/4 ‖D‖² for an embedded structure
+    (D = RᵀR − I or cos² + sin² − 1). Built by `geomjax.feedback_field`.
+    """
+
+    system: System
+    target: jax.Array
+    gains: jax.Array
+    embedding_gain: jax.Array | None
+    metric: object
+
+    def split(self, x):
+        return self.system.structure.split(x)
+
+    def merge(self, z):
+        return self.system.structure.merge(z)
+
+    @property
+    def dim(self):
+        return self.system.dim
+
+    def check(self, x0) -> None:
+        _check_matrix_at(self.system, x0)
+
+    def _weights(self, deviation):
+        if self.gains.ndim == 1:
+            return self.gains * deviation
+        return (self.gains * deviation[None, :]).sum(axis=1)
+
+    def lyapunov(self, x):
+        """V(x) = ½(F − F₀)ᵀK(F − F₀) (+ k₀/4‖D‖²)."""
+        d = nonholonomic_quantities(self.system, x) - self.target
+        v = 0.5 * jnp.sum(d * self._weights(d))
+        if self.embedding_gain is not None:
+            dd = self.system.structure.embedding_defect(self.split(x)[0]).reshape(-1)
+            v = v + 0.25 * self.embedding_gain * jnp.sum(dd * dd)
+        return v
+
+    def euler_step_limit(self, x):
+        """2 / λ_max(L∇²V)(x): explicit Euler on Y is stable near the invariant set only for
+        h·λ_max(L∇²V) < 2 (λ_max the largest eigenvalue of the Hessian of V; L = I or a
+        scalar). Evaluate it on the invariant set, e.g. at x0.
+        """
+        hess = jax.hessian(self.lyapunov)(jnp.asarray(x))
+        lam = jnp.max(jnp.linalg.eigvalsh(hess))
+        if self.metric is not None and not callable(self.metric) and jnp.ndim(self.metric) == 0:
+            lam = lam * self.metric
+        return 2.0 / lam
+
+    def _apply_metric(self, z, grad_v):
+        if self.metric is None:
+            return grad_v
+        ell = self.metric(self.merge(z)) if callable(self.metric) else self.metric
+        if jnp.ndim(ell) == 0:
+            return jax.tree_util.tree_map(lambda g: ell * g, grad_v)
+        return self.split(ell @ self.merge(grad_v))
+
+    def rhs(self, z):
+        parts = _Parts(self.system, z)
+        s = parts.explode(z)
+        k0 = self.embedding_gain
+        with_int = bool(self.system.integrals)
+
+        def extra(ss):
+            out = list(_scalars(parts.integrals(ss))) if with_int else []
+            if k0 is not None:
+                d = parts.defect(ss)
+                out.append(0.25 * jnp.sum(d * d).reshape(1))
+            return out
+
+        x_h, h_ext, j, lam, grad_h, jac_j, jac_extra = parts.field(s, z, extra if (with_int or k0 is not None) else None)
+        k = len(j)
+        n_int = self.target.shape[0] - k - 1
+        pieces = list(j) + [jnp.atleast_1d(h_ext)]
+        if n_int:
+            pieces.append(parts.integrals(s))
+        deviation = jnp.concatenate(pieces) - self.target
+        w = self._weights(deviation)
+        # The scalar coefficients are formed once; without the barrier XLA recomputes
+        # their reductions inside every element of the vector combinations below.
+        lam, w = lax.optimization_barrier((lam, w))
+        ydot = parts.add_force(s, x_h, lam)
+        # ∇V = Σ_a w_a ∇J_a + w_H ∇H_ext + Σ w_I ∇I + k₀ ∇(¼‖D‖²), from the shared partials.
+        w_s = _scalars(w)
+        coeffs = list(w_s[k + 1 :]) + ([k0] if k0 is not None else [])
+        grad_v = []
+        for i in range(len(grad_h)):
+            g = w_s[k] * grad_h[i]
+            terms = _sdot_sparse(w_s[:k] + coeffs, list(jac_j[i]) + list(jac_extra[i]))
+            grad_v.append(g if terms is None else g + terms)
+        grad_v = parts.implode(tuple(grad_v))
+        return jax.tree_util.tree_map(jnp.subtract, ydot, self._apply_metric(z, grad_v))
+
+
+def nonholonomic_feedback_field(system: System, x0, gains, metric=None) -> NonholonomicFeedbackField:
+    """Feedback field of a nonholonomic system; called by `geomjax.feedback_field`.
+
+    F = (J, H_ext, integrals) with target (0, H_ext(x0), I(x0)), V = ½ΔᵀKΔ (+ k₀/4‖D‖²
+    when the structure is embedded, k₀ the last gain), Y = X − L∇V, X the extended field.
+
+    `gains`: a positive scalar, or one positive gain per entry of F (then one more, k₀, for
+    an embedded structure), or an SPD matrix over F (structures without embedding).
+    Explicit Euler is stable near the invariant set only for h·λ_max(L∇²V) < 2 (see
+    `NonholonomicFeedbackField.euler_step_limit`).
+    """
+    _require(system)
+    x0 = as_state(x0, system.dim)
+    parts, s0, _ = _at(system, x0)
+    f0 = nonholonomic_quantities(system, x0)
+    k = len(parts.momenta(s0))
+    embedded = parts.embedded
+    if is_concrete(x0):
+        _check_matrix_at(system, x0)
+        _check_on_constraint(parts, s0, f0[:k], embedded)
+    target = f0.at[:k].set(0.0)
+    m = target.shape[0]
+    g = jnp.asarray(gains, dtype=jnp.float64)
+    if embedded:
+        if g.ndim == 0:
+            k_all = jnp.full((m + 1,), g)
+        elif g.ndim == 1 and g.shape[0] == m + 1:
+            k_all = g
+        else:
+            raise ValueError(
+                f"gains for an embedded structure: a scalar or a vector of {m + 1} positive gains "
+                f"(one per entry of F = (J, H_ext, integrals), {m} here, then k₀ for k₀/4‖D‖²); "
+                f"got shape {tuple(g.shape)}"
+            )
+        k_all = _gain_array(k_all, m + 1)
+        k_main, k_emb = k_all[:m], k_all[m]
+    else:
+        k_main, k_emb = _gain_array(g, m), None
+    metric = _check_metric(metric, x0.shape[0])
+    return NonholonomicFeedbackField(system, target, k_main, k_emb, metric)
+
+
+def _check_on_constraint(parts: _Parts, s0, j0, embedded: bool, tol: float = 1e-8) -> None:
+    v = np.concatenate([np.asarray(a) for a in parts.velocity(s0)])
+    scale = 1.0 + float(np.abs(v).max())
+    worst = float(np.abs(np.asarray(j0)).max())
+    if worst > tol * scale:
+        raise ValueError(
+            f"x0 is off the nonholonomic constraint set: |J(x0)| = {worst:.3g} (tolerance "
+            f"{tol * scale:.3g}); the feedback integrator stabilises J = 0, so start on it "
+            "(geomjax.project_nonholonomic(system, x0) moves the momentum there)"
+        )
+    if embedded:
+        d = np.asarray(parts.defect(s0))
+        if np.abs(d).max() > 1e-8:
+            raise ValueError(
+                f"x0 is off the embedded group: |embedding defect| = {np.abs(d).max():.3g} "
+                "(RᵀR − I, or cos² + sin² − 1, must vanish at x0)"
+            )

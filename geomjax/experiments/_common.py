@@ -1,0 +1,314 @@
+"""Helpers shared by experiments: comparing methods, invariant errors, JSON, figures, tables.
+
+An experiment is usually a *setup* (a model, step size, number of steps, ...) and a list
+of `Method`s, each a recipe `produce(setup, progress) -> geomjax.Solution`. `run_method`
+runs one recipe and times it; `invariant_errors` gives |F(x(t)) − F(x0)| for the
+conserved quantities F = (f, H, integrals) of a `geomjax.System`; the plotting helpers
+draw one curve per method on shared axes, with the same colour for a method in every
+figure of the experiment.
+"""
+
+import json
+import math
+import pathlib
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+# --------------------------------------------------------------------------------------
+# Methods and timing
+
+
+@dataclass(frozen=True)
+class Method:
+    """One entry of a method comparison.
+
+    - `name`: label used in tables, legends and JSON keys.
+    - `description`: a sentence saying what is integrated and how.
+    - `produce`: `produce(setup, progress) -> geomjax.Solution`; `progress` is `False` or
+      a label for the progress bar (pass it on to `geomjax.integrate(progress=...)`).
+    - `style`: extra matplotlib line keywords (colour, linestyle, ...), optional.
+    """
+
+    name: str
+    description: str
+    produce: Callable[[Any, bool | str], Any]
+    style: Mapping = field(default_factory=dict)
+
+
+@dataclass
+class MethodRun:
+    """The outcome of `run_method`."""
+
+    method: Method
+    solution: Any
+    wall_time_s: float  # first call: includes tracing and XLA compilation
+    run_time_s: float | None  # a second, already compiled call (None if not re-run)
+
+
+def _block(tree):
+    return jax.block_until_ready(tree)
+
+
+def run_method(method: Method, setup, progress: bool = False, rerun_for_timing: bool = True) -> MethodRun:
+    """Run `method.produce(setup, ...)`, timing a first call and (optionally) a compiled re-run.
+
+    The first call's wall time includes JIT compilation, which dominates short runs; the
+    re-run measures the integration itself. Both calls get the same arguments, so the
+    re-run hits the compilation cache.
+    """
+    label = method.name if progress else False
+    start = time.perf_counter()
+    solution = _block(method.produce(setup, label))
+    wall = time.perf_counter() - start
+    run = None
+    if rerun_for_timing:
+        label = f"{method.name} (timing re-run)" if progress else False
+        start = time.perf_counter()
+        solution = _block(method.produce(setup, label))
+        run = time.perf_counter() - start
+    return MethodRun(method, solution, wall, run)
+
+
+def invariant_errors(system, xs, x0=None) -> np.ndarray:
+    """|F(x) − F(x0)| along a trajectory, F = system.conserved_quantities = (f, H, integrals).
+
+    `xs` has shape `(n, dim)`; `x0` defaults to `xs[0]`. Returns an `(n, m)` NumPy array.
+    """
+    xs = jax.numpy.asarray(xs)
+    f_of = jax.jit(jax.vmap(system.conserved_quantities))
+    values = np.asarray(f_of(xs))
+    start = values[0] if x0 is None else np.asarray(system.conserved_quantities(jax.numpy.asarray(x0)))
+    return np.abs(values - start[None, :])
+
+
+def max_finite(a) -> float:
+    """Max of an array, `inf` if any entry is non-finite (a blown-up run)."""
+    a = np.asarray(a, dtype=float)
+    if a.size == 0:
+        return float("nan")
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(a.max())
+
+
+# --------------------------------------------------------------------------------------
+# JSON
+
+
+def to_jsonable(obj):
+    """Convert arrays, NumPy/JAX scalars, paths and tuples to plain JSON types.
+
+    Non-finite floats become the strings "nan", "inf", "-inf" (strict JSON has no NaN).
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, pathlib.PurePath):
+        return str(obj)
+    if isinstance(obj, (jax.Array, np.ndarray)):
+        return to_jsonable(np.asarray(obj).tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer, int)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        x = float(obj)
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return x
+    return obj
+
+
+def save_json(path, data) -> pathlib.Path:
+    """Write `data` (converted by `to_jsonable`) to `path`, indented; return the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Figures (object-oriented matplotlib: no pyplot state, no GUI backend needed)
+
+_COLOURS = ("tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+
+
+def method_styles(methods: Sequence[Method]) -> dict[str, dict]:
+    """Line keywords per method name: a fixed colour cycle, overridden by `Method.style`."""
+    return {
+        m.name: {"color": _COLOURS[i % len(_COLOURS)], "linewidth": 1.0, **dict(m.style)}
+        for i, m in enumerate(methods)
+    }
+
+
+def math_name(name: str) -> str:
+    """A quantity name as mathtext (without $): a trailing index becomes a subscript, f1 → f_{1}."""
+    match = re.fullmatch(r"([A-Za-z]+)_?(\d+)", name)
+    return f"{match.group(1)}_{{{match.group(2)}}}" if match else name
+
+
+def delta_label(name: str) -> str:
+    """Axis label |Δname| in mathtext: f1 → |Δf₁|."""
+    return rf"$|\Delta {math_name(name)}|$"
+
+
+def _figure(nrows=1, ncols=1, size=(7.0, 4.0), sharex=True):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=sharex, squeeze=False)
+    return fig, axes
+
+
+def _save(fig, path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with np.errstate(over="ignore"):  # huge values of a blown-up run on a log axis
+        fig.savefig(path, dpi=120)
+    return path
+
+
+def _positive(y):
+    """Mask exact zeros (and negatives) so a log axis shows gaps rather than clipping."""
+    y = np.asarray(y, dtype=float)
+    return np.where(y > 0, y, np.nan)
+
+
+def _draw_log_errors(ax, ts, series: Mapping[str, np.ndarray], styles, ylabel):
+    for name, err in series.items():
+        ax.plot(np.asarray(ts), _positive(err), label=name, **styles.get(name, {}))
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def plot_log_errors(
+    path,
+    ts,
+    series: Mapping[str, np.ndarray],
+    *,
+    ylabel: str,
+    title: str = "",
+    styles: Mapping[str, dict] | None = None,
+    xlabel: str = "t",
+) -> pathlib.Path:
+    """One log-scale error figure: `series` maps method name → error values at `ts`."""
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    _draw_log_errors(ax, ts, series, styles or {}, ylabel)
+    ax.set_xlabel(xlabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def plot_error_grid(
+    path,
+    ts,
+    errors: Mapping[str, np.ndarray],
+    quantity_names: Sequence[str],
+    *,
+    title: str = "",
+    styles: Mapping[str, dict] | None = None,
+    ncols: int = 2,
+    xlabel: str = "t",
+) -> pathlib.Path:
+    """An overview grid: one log-scale panel per quantity; `errors[name]` is `(n, m)`."""
+    m = len(quantity_names)
+    nrows = -(-m // ncols)
+    fig, axes = _figure(nrows, ncols, size=(5.0 * ncols, 3.2 * nrows))
+    for j, q in enumerate(quantity_names):
+        ax = axes.flat[j]
+        _draw_log_errors(ax, ts, {k: v[:, j] for k, v in errors.items()}, styles or {}, delta_label(q))
+        if j >= m - ncols:
+            ax.set_xlabel(xlabel)
+    for ax in list(axes.flat)[m:]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_components(
+    path,
+    ts,
+    series: Mapping[str, np.ndarray],
+    component_labels: Sequence[str],
+    *,
+    title: str = "",
+    styles: Mapping[str, dict] | None = None,
+    xlabel: str = "t",
+) -> pathlib.Path:
+    """Stacked linear-scale panels, one per component; `series[name]` is `(n, k)`."""
+    k = len(component_labels)
+    fig, axes = _figure(k, 1, size=(7.0, 1.9 * k + 0.8))
+    styles = styles or {}
+    for j, label in enumerate(component_labels):
+        ax = axes[j, 0]
+        for name, values in series.items():
+            ax.plot(np.asarray(ts), np.asarray(values)[:, j], label=name, **styles.get(name, {}))
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[-1, 0].set_xlabel(xlabel)
+    axes[0, 0].legend(loc="upper right", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------------------
+# Tables
+
+
+def _cell(value, float_format: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return format(float(value), float_format)
+    return str(value)
+
+
+def format_table(
+    rows: Sequence[Mapping], float_format: str = ".3e", column_formats: Mapping[str, str] | None = None
+) -> str:
+    """A plain-text table: the keys of the first row are the columns.
+
+    Floats use `float_format`, except in columns named in `column_formats` and in columns
+    whose header ends with "[s]" (seconds, shown as ".3f").
+    """
+    if not rows:
+        return "(no rows)"
+    columns = list(rows[0])
+    formats = {c: ".3f" for c in columns if c.endswith("[s]")}
+    formats.update(column_formats or {})
+    cells = [[_cell(r.get(c), formats.get(c, float_format)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+
+    def line(items):
+        # left-align the first column (names), right-align numbers
+        return "  ".join(
+            s.ljust(w) if i == 0 else s.rjust(w) for i, (s, w) in enumerate(zip(items, widths))
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(columns), rule, *(line(r) for r in cells)])
+
+
+def print_table(rows: Sequence[Mapping], float_format: str = ".3e", column_formats=None) -> None:
+    print(format_table(rows, float_format, column_formats))

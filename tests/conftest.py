@@ -1,0 +1,53 @@
+"""Shared set-up for the geomjax test suite.
+
+geomjax enables float64 on import, so it is imported here before any test module builds
+arrays. Hypothesis runs few examples with no deadline: the first example of a test pays
+for JAX compilation, and the jitted functions the tests call are built once per module.
+"""
+
+import os
+
+import geomjax  # noqa: F401  (enables jax_enable_x64 before anything else creates arrays)
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "geomjax",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("GEOMJAX_HYPOTHESIS_PROFILE", "geomjax"))
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded NumPy generator per test (tests are reproducible and independent)."""
+    return np.random.default_rng(20240611)
+
+
+@pytest.fixture(scope="session")
+def spherical():
+    """Seed 000 §2.3: the spherical pendulum with m = g = ℓ = 1."""
+    return geomjax.models.spherical_pendulum()
+
+
+@pytest.fixture(scope="session")
+def planar():
+    """Seed 000 §2.4: the planar pendulum with m = g = ℓ = 1."""
+    return geomjax.models.planar_pendulum()
+
+
+def spherical_quantities(x, m=1.0, g=1.0):
+    """(f1, f2, H, J) of the spherical pendulum, written out by hand (works on a batch)."""
+    x = jnp.asarray(x)
+    q, p = x[..., :3], x[..., 3:]
+    f1 = jnp.sum(q * q, axis=-1)
+    f2 = jnp.sum(q * p, axis=-1)
+    h = jnp.sum(p * p, axis=-1) / (2 * m) + m * g * q[..., 2]
+    j = q[..., 0] * p[..., 1] - q[..., 1] * p[..., 0]
+    return jnp.stack([f1, f2, h, j], axis=-1)

@@ -1,0 +1,136 @@
+"""RATTLE and SHAKE: order, constraints, energy without drift, symplecticity, gradients, failures."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _holonomic_cases import SPHERE, SPHERE_F, X0, measured_order, sphere_reference, state_on_sphere
+
+import geomjax
+from geomjax import diagnostics
+from geomjax._step import NEWTON_FAILED
+
+RATTLE = geomjax.rattle(SPHERE.system)
+RATTLE_GENERAL = geomjax.rattle(SPHERE.system, separable=False)
+SHAKE = geomjax.shake(SPHERE.system)
+
+
+@pytest.mark.parametrize("step", [RATTLE, RATTLE_GENERAL, SHAKE], ids=["rattle", "rattle-general", "shake"])
+def test_order_two(step):
+    fit = measured_order(step, X0, sphere_reference())
+    assert abs(fit.order - 2.0) <= 0.3, fit
+
+
+def _long_run(h, steps=2000):
+    return geomjax.integrate(RATTLE, X0, dt=h, steps=steps, save_every=5)
+
+
+def test_rattle_constraints_at_round_off_and_energy_second_order_without_drift():
+    errs = {}
+    for h in (0.1, 0.05):
+        sol = _long_run(h)
+        c = diagnostics.constraint_errors(SPHERE.system, sol.xs)
+        assert float(c.max()) <= 1e-12, (h, float(c[:, 0].max()), float(c[:, 1].max()))
+        e = np.asarray(diagnostics.energy_errors(SPHERE.system, sol.xs))
+        drift = diagnostics.drift_slope(sol.ts, e, windows=10)
+        assert abs(drift.relative) < 0.1, drift
+        errs[h] = e.max()
+    ratio = errs[0.1] / errs[0.05]
+    assert 3.2 < ratio < 4.8, ratio  # O(h²)
+
+
+def test_shake_keeps_positions_but_not_the_hidden_constraint():
+    sol = geomjax.integrate(SHAKE, X0, dt=0.05, steps=200, save_every=5)
+    c = np.asarray(diagnostics.constraint_errors(SPHERE.system, sol.xs))
+    assert c[:, 0].max() <= 1e-12
+    assert 1e-6 < c[:, 1].max() < 1e-1  # G M⁻¹p = 2q·p is only O(h²)
+
+
+@pytest.mark.parametrize("step", [RATTLE, RATTLE_GENERAL], ids=["rattle", "rattle-general"])
+def test_symplectic_on_the_constraint_manifold(step):
+    x = state_on_sphere()
+    defect = float(diagnostics.symplecticity_defect(step, x, 0.1, SPHERE.system))
+    assert defect < 1e-13, defect
+
+
+def test_gradient_matches_finite_differences():
+    def objective(x0, gravity):
+        model = geomjax.models.spherical_pendulum(g=gravity, holonomic=True)
+        sol = geomjax.integrate(geomjax.rattle(model.system), x0, dt=0.05, steps=40, save_every=40, throw=False)
+        return sol.xs[-1, 2] + 0.3 * sol.xs[-1, 4]
+
+    grad_x, grad_g = jax.grad(objective, argnums=(0, 1))(X0, 1.0)
+    f = jax.jit(objective)
+    eps = 1e-6
+    v = jnp.array([0.3, 0.0, -0.2, 0.1, 0.5, 0.2])
+    fd_x = (f(X0 + eps * v, 1.0) - f(X0 - eps * v, 1.0)) / (2 * eps)
+    fd_g = (f(X0, 1.0 + eps) - f(X0, 1.0 - eps)) / (2 * eps)
+    np.testing.assert_allclose(float(grad_x @ v), float(fd_x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(float(grad_g), float(fd_g), rtol=1e-6, atol=1e-8)
+
+
+def test_newton_failure_is_reported_not_hidden():
+    # With h = 1 the sphere cannot be reached from q + h p½: g(q₁) = 0 has no solution.
+    sol = geomjax.integrate(RATTLE, X0, dt=1.0, steps=4, throw=False)
+    assert int(sol.status) == NEWTON_FAILED
+    assert int(sol.failed_step) == 1
+    assert "Newton" in sol.message
+    with pytest.raises(geomjax.IntegrationError, match="Newton"):
+        geomjax.integrate(RATTLE, X0, dt=1.0, steps=4)
+
+
+def test_start_off_the_constraint_set_is_rejected():
+    with pytest.raises(ValueError, match="off the constraint set"):
+        geomjax.integrate(RATTLE, X0.at[1].add(0.01), dt=0.01, steps=4)
+    with pytest.raises(ValueError, match="off the constraint set"):
+        geomjax.integrate(SHAKE, X0.at[4].add(0.01), dt=0.01, steps=4)
+
+
+def test_needs_position_constraints():
+    with pytest.raises(ValueError, match="holonomic=g"):
+        geomjax.rattle(SPHERE_F.system)
+
+
+def _particle_with_varying_mass(x):
+    """A particle on the unit sphere with mass 1 + q₁²/2 (so M depends on q) in gravity."""
+    q, p = x[:3], x[3:]
+    return 0.5 * (p @ p) / (1.0 + 0.5 * q[0] ** 2) + q[2]
+
+
+VARYING = geomjax.System(
+    _particle_with_varying_mass, geomjax.canonical(3), holonomic=lambda q: jnp.atleast_1d(q @ q - 1.0)
+)
+
+
+def test_position_dependent_mass_needs_the_general_form():
+    with pytest.raises(ValueError, match="separable=False"):
+        geomjax.rattle(VARYING).check(X0)
+    step = geomjax.rattle(VARYING, separable=False)
+    step.check(X0)
+    x, status = diagnostics.final_state(step, X0, 0.05, 100)
+    assert int(status) == 0
+    assert float(jnp.abs(VARYING.constraint_functions(x)).max()) <= 1e-12
+    assert float(diagnostics.symplecticity_defect(step, x, 0.1, VARYING)) < 1e-13
+    ref, _ = diagnostics.final_state(step, X0, 1.0 / 1280, 1280)
+    fit = measured_order(step, X0, ref, ns=(10, 20, 40, 80))
+    assert abs(fit.order - 2.0) <= 0.3, fit
+
+
+def test_vmap_over_initial_states_and_diffrax_adapter():
+    import diffrax
+
+    angles = jnp.linspace(0.0, 1.0, 4)
+    x0s = jnp.stack([jnp.array([jnp.sin(a), jnp.cos(a), 0.0, 1.0 * jnp.cos(a), -jnp.sin(a), -1.0]) for a in angles])
+    finals, status = jax.vmap(lambda x: diagnostics.final_state(RATTLE, x, 0.05, 20))(x0s)
+    assert np.all(np.asarray(status) == 0)
+    np.testing.assert_allclose(np.sum(np.asarray(finals[:, :3]) ** 2, axis=1), 1.0, atol=1e-13)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, args: y),
+        geomjax.StepSolver(RATTLE, order=2),
+        t0=0.0,
+        t1=1.0,
+        dt0=0.05,
+        y0=X0,
+        saveat=diffrax.SaveAt(t1=True),
+    )
+    np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.asarray(finals[0]), atol=1e-12)
