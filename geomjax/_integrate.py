@@ -96,7 +96,8 @@ def _run_fixed(step, x0, dt, t0, steps, save_every, checkpoint, progress):
     xs = jnp.concatenate([x0[None, :]] + pieces, axis=0)
     ts = t0 + dt * save_every * jnp.arange(n_saves + 1, dtype=x0.dtype)
     _, k, failed_step, status = carry
-    return Solution(ts, xs, status, failed_step, jnp.asarray(dt), jnp.asarray(t0), k)
+    completed = jnp.where(failed_step > 0, failed_step - 1, k)
+    return Solution(ts, xs, status, failed_step, jnp.asarray(dt), jnp.asarray(t0), completed)
 
 
 def _progress_chunks(n_saves: int, parts: int = 20) -> list[int]:

@@ -38,7 +38,6 @@ from jax import lax
 from ._feedback import _check_metric, _gain_array
 from ._field import AbstractField
 from ._linalg import small_solve
-from ._pieces import evaluate_on_pieces
 from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from ._system import System
 from ._validate import as_state, is_concrete
@@ -88,14 +87,103 @@ def _require(system) -> None:
 #
 # Inside loops the state is taken apart into its scalar entries (arrays of shape (1,)),
 # and every function of the user's (H, ω, integrals) is evaluated with its flat input
-# replaced by these scalars (`evaluate_on_pieces`). Reverse-mode autodiff then sees no
+# replaced by these scalars (`_evaluate_on_scalars`). Reverse-mode autodiff then sees no
 # slices of vectors, so it emits no pads: the gradient of each entry is accumulated as a
 # scalar. Pads of single entries into vectors, summed, split XLA's CPU fusions (measured
 # 15× slower on the knife edge than the field written by hand); on scalars the whole
 # derivation fuses into a few kernels. Vectors are rebuilt only at the end.
 
 _UNROLL = 8
-_MODE = {}
+
+
+class _View:
+    """A flat vector held as its consecutive pieces (for `_evaluate_on_scalars`)."""
+
+    def __init__(self, pieces):
+        self.pieces = list(pieces)
+        self.bounds = []
+        start = 0
+        for piece in self.pieces:
+            self.bounds.append((start, start + piece.shape[0]))
+            start += piece.shape[0]
+        self.size = start
+        self._joined = None
+
+    def joined(self):
+        if self._joined is None:
+            self._joined = self.pieces[0] if len(self.pieces) == 1 else jnp.concatenate(self.pieces)
+        return self._joined
+
+    def take(self, start, limit):
+        """Entries start:limit as a piece or a sub-view, or None when not aligned."""
+        for piece, (lo, hi) in zip(self.pieces, self.bounds):
+            if lo <= start and limit <= hi:
+                if (start, limit) == (lo, hi):
+                    return piece
+                return lax.slice(piece, (start - lo,), (limit - lo,))
+        first = [b[0] for b in self.bounds].index(start) if start in [b[0] for b in self.bounds] else None
+        last = [b[1] for b in self.bounds].index(limit) if limit in [b[1] for b in self.bounds] else None
+        if first is None or last is None:
+            return None
+        return _View(self.pieces[first : last + 1])
+
+
+def _view_outputs(eqn, view):
+    name = eqn.primitive.name
+    p = eqn.params
+    if name == "slice" and (p.get("strides") is None or tuple(p["strides"]) == (1,)):
+        out = view.take(p["start_indices"][0], p["limit_indices"][0])
+        return None if out is None else [out]
+    if name == "split" and p.get("axis", 0) == 0:
+        outs, start = [], 0
+        for size in p["sizes"]:
+            out = view.take(start, start + int(size))
+            if out is None:
+                return None
+            outs.append(out)
+            start += int(size)
+        return outs
+    return None
+
+
+def _evaluate_on_scalars(fn, pieces):
+    """`fn(concatenate(pieces))` for a function of a flat vector, evaluated so that slices of
+    the input (`x[3]`, `x[:3]`, `x[3:][0]`) read the pieces directly.
+
+    The input is never concatenated unless an operation other than slicing needs it whole.
+    Forward-mode derivatives with respect to one piece then touch only the operations that
+    read it (a concatenation would give every other piece a zero tangent to multiply).
+    """
+    pieces = list(pieces)
+    spec = jax.ShapeDtypeStruct((sum(x.shape[0] for x in pieces),), pieces[0].dtype)
+    closed, out_shape = jax.make_jaxpr(lambda x: fn(x), return_shape=True)(spec)
+    jaxpr = closed.jaxpr
+    env = {v: c for v, c in zip(jaxpr.constvars, closed.consts)}
+    env[jaxpr.invars[0]] = _View(pieces)
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        vals = [read(v) for v in eqn.invars]
+        outs = None
+        if vals and isinstance(vals[0], _View):
+            outs = _view_outputs(eqn, vals[0])
+        if outs is None:
+            vals = [x.joined() if isinstance(x, _View) else x for x in vals]
+            params = eqn.primitive.get_bind_params(eqn.params)
+            subfuns = ()
+            if isinstance(params, tuple):
+                subfuns, params = params
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*subfuns, *vals, **params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        for var, val in zip(eqn.outvars, outs):
+            env[var] = val
+    results = [read(v) for v in jaxpr.outvars]
+    results = [x.joined() if isinstance(x, _View) else x for x in results]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
 
 
 def _scalars(a):
@@ -138,6 +226,107 @@ def _sparse_partials(fn, s):
         row = _partial(fn, s, i)
         table.append([r.reshape(1) if n else None for r, n in zip(row, needed)])
     return table
+
+
+def _zero_mask_eqn(eqn, ins, out_avals):
+    """Elementwise 'is exactly zero' for the outputs of one equation (False when unsure)."""
+    name = eqn.primitive.name
+    p = eqn.params
+    shape = out_avals[0].shape
+
+    def full(value):
+        return [np.full(a.shape, value, dtype=bool) for a in out_avals]
+
+    try:
+        if "jaxpr" in p or "call_jaxpr" in p:
+            if name not in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"):
+                return full(False)
+            sub = p.get("jaxpr", p.get("call_jaxpr"))
+            consts = getattr(sub, "consts", [])
+            return _zero_mask_jaxpr(getattr(sub, "jaxpr", sub), ins, consts)
+        if name == "stack":
+            return [np.stack([np.broadcast_to(m, out_avals[0].shape[:0] + np.shape(m)) for m in ins], axis=p["axis"])]
+        if name == "broadcast_in_dim":
+            x = ins[0]
+            dims = p["broadcast_dimensions"]
+            expanded = x.reshape([x.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))])
+            return [np.broadcast_to(expanded, shape).copy()]
+        if name in ("reshape", "squeeze", "expand_dims"):
+            return [ins[0].reshape(shape)]
+        if name == "concatenate":
+            return [np.concatenate(ins, axis=p["dimension"])]
+        if name == "slice":
+            idx = tuple(slice(a, b, c) for a, b, c in zip(p["start_indices"], p["limit_indices"], p["strides"] or [1] * len(shape)))
+            return [ins[0][idx]]
+        if name in ("neg", "convert_element_type", "copy", "sin", "tan", "sinh", "tanh", "sqrt", "abs", "sign"):
+            return [np.broadcast_to(ins[0], shape).copy()]
+        if name == "mul":
+            return [np.broadcast_to(ins[0] | ins[1], shape).copy()]
+        if name in ("add", "sub", "add_any"):
+            return [np.broadcast_to(ins[0] & ins[1], shape).copy()]
+        if name == "div":
+            return [np.broadcast_to(ins[0], shape).copy()]
+        if name == "integer_pow" and p["y"] > 0:
+            return [np.broadcast_to(ins[0], shape).copy()]
+    except (ValueError, IndexError, KeyError, TypeError):
+        pass
+    return full(False)
+
+
+def _const_mask(value, shape):
+    if isinstance(value, jax.core.Tracer):
+        return np.zeros(shape, dtype=bool)
+    return np.asarray(value) == 0
+
+
+def _zero_mask_jaxpr(jaxpr, in_masks, consts=()):
+    env = {}
+
+    def read(v):
+        if isinstance(v, Literal):
+            return np.full(np.shape(v.val), np.all(np.asarray(v.val) == 0), dtype=bool)
+        return env[v]
+
+    for v, m in zip(jaxpr.invars, in_masks):
+        env[v] = m
+    for i, v in enumerate(jaxpr.constvars):
+        env[v] = _const_mask(consts[i], v.aval.shape) if i < len(consts) else np.zeros(v.aval.shape, dtype=bool)
+    for eqn in jaxpr.eqns:
+        outs = _zero_mask_eqn(eqn, [read(v) for v in eqn.invars], [o.aval for o in eqn.outvars])
+        for o, m in zip(eqn.outvars, outs):
+            env[o] = m
+    return [read(v) for v in jaxpr.outvars]
+
+
+def structural_zeros(fn, *args):
+    """Boolean mask of the entries of `fn(*args)` that are exactly zero whatever the inputs
+    (e.g. the constant 0 in ω(q) = (sin φ, −cos φ, 0)), read off the traced jaxpr.
+
+    Used to skip multiplications by those zeros: XLA keeps x·0 (it is NaN for x = inf),
+    and in the third derivatives of the nonholonomic field they add up."""
+    specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
+    closed = jax.make_jaxpr(fn)(*specs)
+    ins = [np.zeros(sp.shape, dtype=bool) for sp in specs]
+    (mask,) = _zero_mask_jaxpr(closed.jaxpr, ins, closed.consts)[:1]
+    return mask
+
+
+def _directional(fn, s, start, direction):
+    """jvp of fn(s) along `direction` on the entries s[start:], skipping None entries
+    (they are structural zeros: those inputs are held fixed, not given zero tangents)."""
+    idx = [start + i for i, d in enumerate(direction) if d is not None]
+    tangents = tuple(d for d in direction if d is not None)
+    if not idx:
+        raise ValueError("a direction with no nonzero entry")
+    base = list(s)
+
+    def restricted(vals):
+        full = list(base)
+        for i, v in zip(idx, vals):
+            full[i] = v
+        return fn(tuple(full))
+
+    return jax.jvp(restricted, (tuple(s[i] for i in idx),), (tangents,))
 
 
 def _sdot_sparse(u, v):
@@ -221,6 +410,14 @@ class _Parts:
         self.shapes = [leaf.shape for leaf in leaves]
         self.nc = leaves[0].size if self.kind == "pair" else 0
         self.config_is_vector = self.kind == "pair" and leaves[0].ndim == 1
+        self._form_zeros = None
+        self._forms_constant = False
+        if self.kind == "momentum":
+            try:
+                deps = _dependencies(lambda ss: [self.forms(ss)], self.explode(z))
+                self._forms_constant = not deps[0]
+            except Exception:
+                self._forms_constant = False
 
     # -- conversions
     def explode(self, z):
@@ -242,31 +439,41 @@ class _Parts:
 
     # -- the user's functions on scalars
     def energy(self, s):
-        return evaluate_on_pieces(self.system.hamiltonian, list(s)).reshape(())
+        return _evaluate_on_scalars(self.system.hamiltonian, list(s)).reshape(())
 
     def forms(self, s):
         """ω as a (k, d) array."""
         if self.kind == "momentum":
-            w = evaluate_on_pieces(self.system.nonholonomic, list(s))
+            w = _evaluate_on_scalars(self.system.nonholonomic, list(s))
         elif self.config_is_vector:
-            w = evaluate_on_pieces(self.system.nonholonomic, list(s[: self.nc]))
+            w = _evaluate_on_scalars(self.system.nonholonomic, list(s[: self.nc]))
         else:
             w = self.system.nonholonomic(self._config(s))
         w = jnp.asarray(w)
         return w[None, :] if w.ndim == 1 else w
 
     def form_entries(self, s):
+        """ω and its entries as scalars, None for entries that are structurally zero."""
         w = self.forms(s)
         k, d = w.shape
-        if _MODE.get("entrywise") and self.kind == "pair" and self.config_is_vector:
-            fn = self.system.nonholonomic
-            args = list(s[: self.nc])
-            entry = lambda a, i: evaluate_on_pieces(lambda q: jnp.atleast_2d(fn(q))[a, i], args).reshape(1)
-            return w, [[entry(a, i) for i in range(d)] for a in range(k)]
-        return w, [[lax.slice(w, (a, i), (a + 1, i + 1)).reshape(1) for i in range(d)] for a in range(k)]
+        zero = self.form_zeros(s)
+        return w, [
+            [None if zero[a, i] else lax.slice(w, (a, i), (a + 1, i + 1)).reshape(1) for i in range(d)]
+            for a in range(k)
+        ]
+
+    def form_zeros(self, s):
+        if self._form_zeros is None:
+            arg = self._config(s) if self.kind == "pair" else self.implode(s)
+            fn = lambda a: jnp.atleast_2d(jnp.asarray(self.system.nonholonomic(a)))
+            try:
+                self._form_zeros = structural_zeros(fn, arg)
+            except Exception:  # the analysis is an optimisation only
+                self._form_zeros = np.zeros(fn(arg).shape, dtype=bool)
+        return self._form_zeros
 
     def integrals(self, s):
-        return evaluate_on_pieces(self.system.integral_values, list(s))
+        return _evaluate_on_scalars(self.system.integral_values, list(s))
 
     def defect(self, s):
         return self.structure.embedding_defect(self._config(s)).reshape(-1)
@@ -285,14 +492,12 @@ class _Parts:
         """J = ω ∂H/∂m, a list of k scalars."""
         _, rows = self.form_entries(s)
         v = self.velocity(s)
-        return [_sdot(row, v) for row in rows]
+        return [_sdot_sparse(v, row) for row in rows]
 
     def matrix(self, s):
         """C_ab = ⟨∂J_a/∂m, ω_b⟩ as nested lists (column b: derivative of J along ω_b in m)."""
         _, rows = self.form_entries(s)
-        head, m = tuple(s[: self.nc]), tuple(s[self.nc :])
-        j_of_m = lambda mm: self.momenta(head + mm)
-        cols = [jax.jvp(j_of_m, (m,), (tuple(row),))[1] for row in rows]
+        cols = [_directional(self.momenta, tuple(s), self.nc, row)[1] for row in rows]
         k = len(rows)
         return [[cols[b][a] for b in range(k)] for a in range(k)]
 
@@ -308,82 +513,86 @@ class _Parts:
         j, _, mu = self.core(s)
         return self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
 
-    def frozen_terms(self, s, mu):
-        """(H, J, ½μᵀCμ) at s with μ held fixed (μᵀCμ as one directional derivative).
-
-        Where μ = C⁻¹J, H_ext = H − μ·J + ½μᵀCμ has the gradient ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ
-        = ∇H_ext: the gradient needs no derivative of the solve. μᵀCμ is the derivative of
-        μ·J(m) along ωᵀμ in the momentum.
-        """
+    def direction(self, s, coeffs):
+        """u = ωᵀc in the momentum (entries None where structurally zero)."""
         _, rows = self.form_entries(s)
-        head, m = tuple(s[: self.nc]), tuple(s[self.nc :])
-        u = tuple(_sdot(mu, [row[i] for row in rows]) for i in range(len(m)))
-        mu_j = lambda mm: _sdot(mu, self.momenta(head + mm))
-        _, quad = jax.jvp(mu_j, (m,), (u,))
-        return [self.energy(s).reshape(1)] + list(self.momenta(s)) + [0.5 * quad]
+        return [_sdot_sparse(coeffs, [row[i] for row in rows]) for i in range(len(s) - self.nc)]
 
-    def field(self, s, z, extra=None):
+    @property
+    def forms_fixed(self) -> bool:
+        """True when ω does not depend on the momentum (always on pair layouts)."""
+        return self.kind == "pair" or self._forms_constant
+
+    def weighted_momenta(self, s, coeffs):
+        """c·J(s). With ω independent of m this is the derivative of H along u = ωᵀc."""
+        if self.forms_fixed:
+            u = self.direction(s, coeffs)
+            if all(x is None for x in u):
+                return jnp.zeros_like(s[0])
+            return _directional(self.energy, tuple(s), self.nc, u)[1].reshape(1)
+        return _sdot(coeffs, self.momenta(s))
+
+    def half_quadratic(self, s, mu):
+        """½ μᵀC(s)μ with μ fixed: the derivative of μ·J along u = ωᵀμ in m (with ω
+        independent of m: the second derivative of H along u)."""
+        u = self.direction(s, mu)
+        if all(x is None for x in u):
+            return jnp.zeros_like(s[0])
+        if self.forms_fixed:
+            inner = lambda ss: _directional(self.energy, ss, self.nc, u)[1]
+        else:
+            inner = lambda ss: _sdot(mu, self.momenta(ss))
+        return 0.5 * _directional(inner, tuple(s), self.nc, u)[1].reshape(1)
+
+    def field(self, s, z, weights=None, extra=None):
         """The extended field at the state z (scalars s), with shared first derivatives.
 
-        One forward-mode pass per state entry s_i differentiates the tuple
-        (H, J, ½μᵀCμ, extra(s)) (μ = C⁻¹J frozen); from these partials
-        ∇H_ext = ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ, {J, H_ext} = DJ·X_Hext, and the partials of
-        `extra` (for the feedback term) come out without further passes.
+        With μ = C⁻¹J frozen, H_ext = H − μ·J + ½μᵀCμ at this point and its gradient is
+        ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ (no derivative of the solve). One forward-mode pass per
+        state entry s_i differentiates (H, μ·J, ½μᵀCμ, w·J, extra(s)); `weights` w and
+        `extra` serve the feedback term. {J, H_ext} = DJ·X_Hext is one more forward pass.
 
-        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂J/∂s_i, ∂extra/∂s_i), the last three as lists
-        over the state entries i.
+        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂(w·J)/∂s_i, ∂extra/∂s_i), the last three as
+        lists over the state entries i.
         """
         s = tuple(s)
         j, c_inv, mu = self.core(s)
         c_inv, mu = lax.optimization_barrier((c_inv, mu))
         h_ext = self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
         k = len(j)
+        if weights is not None:
+            weights = weights(j, h_ext)
+            w_j = weights[0]
 
         def terms(ss):
-            out = self.frozen_terms(ss, mu)
+            out = [self.energy(ss).reshape(1), self.weighted_momenta(ss, mu), self.half_quadratic(ss, mu)]
+            if weights is not None:
+                out.append(self.weighted_momenta(ss, w_j))
             if extra is not None:
                 out = out + list(extra(ss))
             return out
 
-        if _MODE.get("reverse"):
-            return self._field_reverse(s, z, extra, j, c_inv, mu, h_ext, terms)
         table = _sparse_partials(terms, s)
         zero = jnp.zeros_like(s[0])
         grad = []
         for row in table:
-            g = _sdot_sparse([1.0] + [-x for x in mu] + [1.0], row[: 2 + k])
+            g = _sdot_sparse([1.0, -1.0, 1.0], row[:3])
             grad.append(zero if g is None else g)
         grad = tuple(grad)
         x_h = self.structure.apply(z, self.implode(grad))
-        x_s = self.explode(x_h)
-        j_dot = []
-        for a in range(k):
-            d = _sdot_sparse(x_s, [row[1 + a] for row in table])
-            j_dot.append(zero if d is None else d)
-        lam = [-x for x in _matvec(c_inv, j_dot)]
-        return x_h, h_ext, j, lam, grad, [row[1 : 1 + k] for row in table], [row[2 + k :] for row in table]
-
-    def _field_reverse(self, s, z, extra, j, c_inv, mu, h_ext, terms):
-        k = len(j)
-        g_fn = lambda ss: self.frozen_terms(ss, mu)
-        def g(ss):
-            t = g_fn(ss)
-            return (t[0] - _sdot(mu, t[1 : 1 + k]) + t[1 + k]).reshape(())
-        grad = jax.grad(g)(s)
-        x_h = self.structure.apply(z, self.implode(grad))
         _, j_dot = jax.jvp(self.momenta, (s,), (self.explode(x_h),))
         lam = [-x for x in _matvec(c_inv, j_dot)]
-        # jacobians of J and extras by reverse passes (one per output)
-        outs_fn = lambda ss: list(self.momenta(ss)) + (list(extra(ss)) if extra is not None else [])
-        vals, pull = jax.vjp(outs_fn, s)
-        rows = []
-        for o in range(len(vals)):
-            ct = [jnp.zeros_like(v) for v in vals]
-            ct[o] = jnp.ones_like(vals[o])
-            rows.append(pull(ct)[0])
-        table_j = [[rows[a][i] for a in range(k)] for i in range(len(s))]
-        table_e = [[rows[o][i] for o in range(k, len(vals))] for i in range(len(s))]
-        return x_h, h_ext, j, lam, grad, table_j, table_e
+        n0 = 3 + (weights is not None)
+        return (
+            x_h,
+            h_ext,
+            j,
+            lam,
+            grad,
+            [row[3] for row in table] if weights is not None else None,
+            [row[n0:] for row in table],
+            weights,
+        )
 
     def add_force(self, s, x_h, lam):
         w = self.forms(s)
@@ -456,7 +665,7 @@ class NonholonomicField(AbstractField):
     def rhs(self, z):
         parts = _Parts(self.system, z)
         s = parts.explode(z)
-        x_h, _, _, lam, _, _, _ = parts.field(s, z)
+        x_h, _, _, lam, *_ = parts.field(s, z)
         return parts.add_force(s, x_h, lam)
 
     def momenta(self, x):
@@ -646,26 +855,33 @@ class NonholonomicFeedbackField(AbstractField):
                 out.append(0.25 * jnp.sum(d * d).reshape(1))
             return out
 
-        x_h, h_ext, j, lam, grad_h, jac_j, jac_extra = parts.field(s, z, extra if (with_int or k0 is not None) else None)
-        k = len(j)
-        n_int = self.target.shape[0] - k - 1
-        pieces = list(j) + [jnp.atleast_1d(h_ext)]
-        if n_int:
-            pieces.append(parts.integrals(s))
-        deviation = jnp.concatenate(pieces) - self.target
-        w = self._weights(deviation)
-        # The scalar coefficients are formed once; without the barrier XLA recomputes
-        # their reductions inside every element of the vector combinations below.
-        lam, w = lax.optimization_barrier((lam, w))
+        n_int = self.target.shape[0] - parts.forms(s).shape[0] - 1
+
+        def weights(j, h_ext):
+            pieces = list(j) + [jnp.atleast_1d(h_ext)]
+            if n_int:
+                pieces.append(parts.integrals(s))
+            w = self._weights(jnp.concatenate(pieces) - self.target)
+            w_s = _scalars(w)
+            return w_s[: len(j)], w_s[len(j)], w_s[len(j) + 1 :]
+
+        use_extra = with_int or k0 is not None
+        x_h, h_ext, j, lam, grad_h, jac_wj, jac_extra, (w_j, w_h, w_i) = parts.field(
+            s, z, weights, extra if use_extra else None
+        )
         ydot = parts.add_force(s, x_h, lam)
-        # ∇V = Σ_a w_a ∇J_a + w_H ∇H_ext + Σ w_I ∇I + k₀ ∇(¼‖D‖²), from the shared partials.
-        w_s = _scalars(w)
-        coeffs = list(w_s[k + 1 :]) + ([k0] if k0 is not None else [])
+        # ∇V = ∇(w_J·J) + w_H ∇H_ext + Σ w_I ∇I + k₀ ∇(¼‖D‖²), from the shared partials.
+        coeffs = list(w_i) + ([k0] if k0 is not None else [])
         grad_v = []
         for i in range(len(grad_h)):
-            g = w_s[k] * grad_h[i]
-            terms = _sdot_sparse(w_s[:k] + coeffs, list(jac_j[i]) + list(jac_extra[i]))
-            grad_v.append(g if terms is None else g + terms)
+            g = w_h * grad_h[i]
+            if jac_wj[i] is not None:
+                g = g + jac_wj[i]
+            if use_extra:
+                more = _sdot_sparse(coeffs, jac_extra[i])
+                if more is not None:
+                    g = g + more
+            grad_v.append(g)
         grad_v = parts.implode(tuple(grad_v))
         return jax.tree_util.tree_map(jnp.subtract, ydot, self._apply_metric(z, grad_v))
 

@@ -28,7 +28,7 @@ class Solution(eqx.Module):
     - `status`: int32 code, 0 on success (see `message`).
     - `failed_step`: the first step whose result was bad (1-based), −1 if none.
     - `dt`, `t0`: step size and initial time.
-    - `num_steps`: steps taken.
+    - `num_steps`: steps completed before a failure (all steps when the run succeeded).
     """
 
     ts: jax.Array

@@ -38,6 +38,8 @@ PENDULUM_1DOF = geomjax.System(pendulum_1dof, geomjax.canonical(1))
 X0_1DOF = jnp.array([1.2, 0.3])
 HENON_HEILES = geomjax.System(henon_heiles, geomjax.canonical(2))
 X0_HH = jnp.array([0.1, -0.2, 0.3, 0.25])
+FIELD_HH = geomjax.hamiltonian_vector_field(henon_heiles, geomjax.canonical(2))
+GAUSS4_HH = geomjax.implicit_rk(FIELD_HH, geomjax.GAUSS4)
 
 
 @functools.cache

@@ -3,7 +3,18 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _holonomic_cases import DIRAC, SPHERE, SPHERE_F, X0, measured_order, sphere_reference, state_on_sphere
+from _holonomic_cases import (
+    DIRAC,
+    FIELD_HH,
+    GAUSS4_HH,
+    SPHERE,
+    SPHERE_F,
+    X0,
+    X0_HH,
+    measured_order,
+    sphere_reference,
+    state_on_sphere,
+)
 
 import geomjax
 from geomjax import diagnostics
@@ -69,6 +80,13 @@ def test_symplecticity_defect_separates_methods_on_the_manifold():
     assert float(diagnostics.symplecticity_defect(euler, x, 0.1, SPHERE.system)) > 1e-3
     with pytest.raises(ValueError, match="canonical"):
         diagnostics.symplecticity_defect(euler, x, 0.1, geomjax.System(lambda m: m @ m, geomjax.lie_poisson_so3()))
+
+
+def test_poisson_defect_agrees_with_symplecticity_for_canonical_maps():
+    structure = geomjax.canonical(2)
+    assert float(diagnostics.poisson_defect(GAUSS4_HH, X0_HH, 0.3, structure)) < 1e-13
+    euler = geomjax.explicit_rk(FIELD_HH, geomjax.EULER)
+    assert float(diagnostics.poisson_defect(euler, X0_HH, 0.3, structure)) > 1e-4
 
 
 def test_projection_method_keeps_constraints_and_base_order():

@@ -27,8 +27,9 @@ def final_state(step, x0, h, n):
 
     The number of steps is a traced argument, so every (h, n) reuses one compilation per
     step: convergence studies over many step sizes compile once. `status` is the first
-    non-success status met (0 if none). Works under `jax.grad` in `x0`, `h` and the step's
-    parameters (forward mode and reverse mode through the loop).
+    non-success status met (0 if none). Differentiable in forward mode (`jax.jvp`,
+    `jax.jacfwd`) in `x0`, `h` and the step's parameters; a loop with a traced length has no
+    reverse mode, so for `jax.grad` use `geomjax.integrate` (a `lax.scan`).
 
     **Arguments:**
 

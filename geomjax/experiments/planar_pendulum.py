@@ -39,7 +39,6 @@ import geomjax
 from geomjax import diagnostics
 
 from . import register
-from ._common import format_table  # noqa: F401  (the CLI prints the summary with it)
 
 NAME = "planar-pendulum-work-precision"
 

@@ -13,7 +13,6 @@ Both keep |q|, q·p and the vertical angular momentum q₁p₂ − q₂p₁ exac
 and Strang splittings built from them stay on T*S and conserve J up to round-off.
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
