@@ -93,6 +93,8 @@ def dirac_field(system: System) -> DiracField:
     """
     if not isinstance(system, System):
         raise TypeError(f"dirac_field needs a geomjax.System, got {type(system).__name__}")
+    if getattr(system, "nonholonomic", None) is not None:
+        raise ValueError("this System has nonholonomic constraints: use geomjax.nonholonomic_field(system)")
     return DiracField(system)
 
 

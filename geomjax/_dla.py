@@ -49,9 +49,9 @@ class DiscreteLagrangeDAlembert(AbstractStep):
         return self.system.dim
 
     def check(self, x0) -> None:
-        from ._nonholonomic import _check_matrix_at, _Parts
+        from ._nonholonomic import _check_matrix_at
 
-        _check_matrix_at(_Parts(self.system), self.split(x0))
+        _check_matrix_at(self.system, x0)
 
     def _energy(self, q, p):
         return self.system.structure.evaluate(self.system.hamiltonian, (q, p))

@@ -22,18 +22,23 @@ field. A feedback field then adds −L∇V with V = ½ΔᵀKΔ, Δ = (J, H_ext �
 for structures embedded in Euclidean space, + k₀/4 ‖D‖² with D the embedding defect
 (RᵀR − I for SO(3), cos² + sin² − 1 for SE(2)).
 
-Inside loops every quantity is computed on the pieces: two reverse passes (∇H inside
-∇H_ext), k forward passes for C, one forward pass for {J, H_ext} = DJ·X, closed-form
-solves of the k × k matrix C, and one reverse pass for ∇V.
+How it is computed inside loops (measured on the knife edge against the same field
+written by hand, `benchmarks/nonholonomic_vs_hand.py`): the state is taken apart into its
+scalar entries and the user's functions are evaluated on them (no slicing of vectors);
+all derivatives are forward-mode partials in single entries, skipping entries a quantity
+does not depend on and one-form entries that are structurally zero; the gradient of H_ext
+comes from H − μ·J + ½μᵀCμ with μ = C⁻¹J frozen (no derivative of the solve); C⁻¹ is
+written out for k ≤ 2. Reverse mode on vectors produced pads that split XLA's CPU fusions
+(15× the hand-written field); this form runs at about 1.1× of it for one trajectory.
 """
 
-from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core import Literal
 
 from ._feedback import _check_metric, _gain_array
 from ._field import AbstractField
@@ -41,7 +46,6 @@ from ._linalg import small_solve
 from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from ._system import System
 from ._validate import as_state, is_concrete
-from jax.extend.core import Literal
 
 # --------------------------------------------------------------------------------------
 # Which piece is the momentum
@@ -87,11 +91,11 @@ def _require(system) -> None:
 #
 # Inside loops the state is taken apart into its scalar entries (arrays of shape (1,)),
 # and every function of the user's (H, ω, integrals) is evaluated with its flat input
-# replaced by these scalars (`_evaluate_on_scalars`). Reverse-mode autodiff then sees no
-# slices of vectors, so it emits no pads: the gradient of each entry is accumulated as a
-# scalar. Pads of single entries into vectors, summed, split XLA's CPU fusions (measured
-# 15× slower on the knife edge than the field written by hand); on scalars the whole
-# derivation fuses into a few kernels. Vectors are rebuilt only at the end.
+# replaced by these scalars (`_evaluate_on_scalars`): a slice x[3] reads the entry, a
+# slice x[3:] is a view of entries, and nothing is concatenated unless an operation needs
+# the whole vector. Derivatives are forward-mode partials in single entries
+# (`_sparse_partials`, `_directional`), which never create the pads that reverse mode
+# makes of slices; vectors are rebuilt only at the end.
 
 _UNROLL = 8
 
@@ -552,12 +556,11 @@ class _Parts:
         state entry s_i differentiates (H, μ·J, ½μᵀCμ, w·J, extra(s)); `weights` w and
         `extra` serve the feedback term. {J, H_ext} = DJ·X_Hext is one more forward pass.
 
-        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂(w·J)/∂s_i, ∂extra/∂s_i), the last three as
-        lists over the state entries i.
+        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂(w·J)/∂s_i, ∂extra/∂s_i, weights), the
+        middle three as lists over the state entries i (None where structurally zero).
         """
         s = tuple(s)
         j, c_inv, mu = self.core(s)
-        c_inv, mu = lax.optimization_barrier((c_inv, mu))
         h_ext = self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
         k = len(j)
         if weights is not None:
@@ -574,12 +577,8 @@ class _Parts:
 
         table = _sparse_partials(terms, s)
         zero = jnp.zeros_like(s[0])
-        grad = []
-        for row in table:
-            g = _sdot_sparse([1.0, -1.0, 1.0], row[:3])
-            grad.append(zero if g is None else g)
-        grad = tuple(grad)
-        x_h = self.structure.apply(z, self.implode(grad))
+        grad = [_sdot_sparse([1.0, -1.0, 1.0], row[:3]) for row in table]
+        x_h = self.structure.apply(z, self.implode(tuple(zero if g is None else g for g in grad)))
         _, j_dot = jax.jvp(self.momenta, (s,), (self.explode(x_h),))
         lam = [-x for x in _matvec(c_inv, j_dot)]
         n0 = 3 + (weights is not None)
@@ -595,13 +594,16 @@ class _Parts:
         )
 
     def add_force(self, s, x_h, lam):
-        w = self.forms(s)
-        force = lam[0] * w[0]
-        for a in range(1, w.shape[0]):
-            force = force + lam[a] * w[a]
-        if self.kind == "pair":
-            return (x_h[0], x_h[1] + force.astype(x_h[1].dtype))
-        return x_h + force.astype(x_h.dtype)
+        """ẋ = X_Hext + (0, ωᵀλ), the force added entry by entry (skipping structural zeros)."""
+        _, rows = self.form_entries(s)
+        m_dot = x_h[1] if self.kind == "pair" else x_h
+        entries = _scalars(m_dot)
+        for i in range(len(entries)):
+            f = _sdot_sparse(lam, [row[i] for row in rows])
+            if f is not None:
+                entries[i] = entries[i] + f
+        m_dot = jnp.concatenate(entries).reshape(m_dot.shape)
+        return (x_h[0], m_dot) if self.kind == "pair" else m_dot
 
 
 def _at(system, x):
@@ -873,15 +875,16 @@ class NonholonomicFeedbackField(AbstractField):
         # ∇V = ∇(w_J·J) + w_H ∇H_ext + Σ w_I ∇I + k₀ ∇(¼‖D‖²), from the shared partials.
         coeffs = list(w_i) + ([k0] if k0 is not None else [])
         grad_v = []
+        zero = jnp.zeros_like(s[0])
         for i in range(len(grad_h)):
-            g = w_h * grad_h[i]
+            parts_i = [w_h * grad_h[i]] if grad_h[i] is not None else []
             if jac_wj[i] is not None:
-                g = g + jac_wj[i]
+                parts_i.append(jac_wj[i])
             if use_extra:
                 more = _sdot_sparse(coeffs, jac_extra[i])
                 if more is not None:
-                    g = g + more
-            grad_v.append(g)
+                    parts_i.append(more)
+            grad_v.append(sum(parts_i[1:], parts_i[0]) if parts_i else zero)
         grad_v = parts.implode(tuple(grad_v))
         return jax.tree_util.tree_map(jnp.subtract, ydot, self._apply_metric(z, grad_v))
 
