@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 
 from ._newton import newton_solve
-from ._nonholonomic import _combine_rows, _rows_dot
-from ._step import NEWTON_FAILED, SUCCESS, AbstractStep
+from ._linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
+from ._step import NEWTON_FAILED, SUCCESS, SystemStep
 from ._structures import CanonicalStructure
 from ._system import System
 
 
-class DiscreteLagrangeDAlembert(AbstractStep):
+class DiscreteLagrangeDAlembert(SystemStep):
     """The McLachlan–Perlmutter DLA step on the pieces (q, p); built by `geomjax.dla(system)`.
 
     `advance(z, h)` returns `(z_next, status)`, status `NEWTON_FAILED` when the implicit
@@ -37,16 +37,6 @@ class DiscreteLagrangeDAlembert(AbstractStep):
     rtol: float = eqx.field(static=True, default=1e-13)
     atol: float = eqx.field(static=True, default=1e-13)
     max_iter: int = eqx.field(static=True, default=25)
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         from ._nonholonomic import _check_matrix_at

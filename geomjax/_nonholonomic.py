@@ -38,11 +38,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Literal
 
 from ._feedback import _check_metric, _gain_array
 from ._field import AbstractField
-from ._linalg import small_solve
+from ._pieces import evaluate_on_pieces
+from ._sparse_ad import (
+    dependencies,
+    directional,
+    inverse,
+    matvec,
+    partial,
+    scalars,
+    sdot,
+    sdot_sparse,
+    solve,
+    sparse_partials,
+    structural_zeros,
+)
 from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from ._system import System
 from ._validate import as_state, is_concrete
@@ -87,315 +99,6 @@ def _require(system) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Scalar pieces
-#
-# Inside loops the state is taken apart into its scalar entries (arrays of shape (1,)),
-# and every function of the user's (H, ω, integrals) is evaluated with its flat input
-# replaced by these scalars (`_evaluate_on_scalars`): a slice x[3] reads the entry, a
-# slice x[3:] is a view of entries, and nothing is concatenated unless an operation needs
-# the whole vector. Derivatives are forward-mode partials in single entries
-# (`_sparse_partials`, `_directional`), which never create the pads that reverse mode
-# makes of slices; vectors are rebuilt only at the end.
-
-_UNROLL = 8
-
-
-class _View:
-    """A flat vector held as its consecutive pieces (for `_evaluate_on_scalars`)."""
-
-    def __init__(self, pieces):
-        self.pieces = list(pieces)
-        self.bounds = []
-        start = 0
-        for piece in self.pieces:
-            self.bounds.append((start, start + piece.shape[0]))
-            start += piece.shape[0]
-        self.size = start
-        self._joined = None
-
-    def joined(self):
-        if self._joined is None:
-            self._joined = self.pieces[0] if len(self.pieces) == 1 else jnp.concatenate(self.pieces)
-        return self._joined
-
-    def take(self, start, limit):
-        """Entries start:limit as a piece or a sub-view, or None when not aligned."""
-        for piece, (lo, hi) in zip(self.pieces, self.bounds):
-            if lo <= start and limit <= hi:
-                if (start, limit) == (lo, hi):
-                    return piece
-                return lax.slice(piece, (start - lo,), (limit - lo,))
-        first = [b[0] for b in self.bounds].index(start) if start in [b[0] for b in self.bounds] else None
-        last = [b[1] for b in self.bounds].index(limit) if limit in [b[1] for b in self.bounds] else None
-        if first is None or last is None:
-            return None
-        return _View(self.pieces[first : last + 1])
-
-
-def _view_outputs(eqn, view):
-    name = eqn.primitive.name
-    p = eqn.params
-    if name == "slice" and (p.get("strides") is None or tuple(p["strides"]) == (1,)):
-        out = view.take(p["start_indices"][0], p["limit_indices"][0])
-        return None if out is None else [out]
-    if name == "split" and p.get("axis", 0) == 0:
-        outs, start = [], 0
-        for size in p["sizes"]:
-            out = view.take(start, start + int(size))
-            if out is None:
-                return None
-            outs.append(out)
-            start += int(size)
-        return outs
-    return None
-
-
-def _evaluate_on_scalars(fn, pieces):
-    """`fn(concatenate(pieces))` for a function of a flat vector, evaluated so that slices of
-    the input (`x[3]`, `x[:3]`, `x[3:][0]`) read the pieces directly.
-
-    The input is never concatenated unless an operation other than slicing needs it whole.
-    Forward-mode derivatives with respect to one piece then touch only the operations that
-    read it (a concatenation would give every other piece a zero tangent to multiply).
-    """
-    pieces = list(pieces)
-    spec = jax.ShapeDtypeStruct((sum(x.shape[0] for x in pieces),), pieces[0].dtype)
-    closed, out_shape = jax.make_jaxpr(lambda x: fn(x), return_shape=True)(spec)
-    jaxpr = closed.jaxpr
-    env = {v: c for v, c in zip(jaxpr.constvars, closed.consts)}
-    env[jaxpr.invars[0]] = _View(pieces)
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        vals = [read(v) for v in eqn.invars]
-        outs = None
-        if vals and isinstance(vals[0], _View):
-            outs = _view_outputs(eqn, vals[0])
-        if outs is None:
-            vals = [x.joined() if isinstance(x, _View) else x for x in vals]
-            params = eqn.primitive.get_bind_params(eqn.params)
-            subfuns = ()
-            if isinstance(params, tuple):
-                subfuns, params = params
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*subfuns, *vals, **params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        for var, val in zip(eqn.outvars, outs):
-            env[var] = val
-    results = [read(v) for v in jaxpr.outvars]
-    results = [x.joined() if isinstance(x, _View) else x for x in results]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
-
-
-def _scalars(a):
-    flat = a.reshape(-1)
-    return [lax.slice(flat, (i,), (i + 1,)) for i in range(flat.shape[0])]
-
-
-def _partial(fn, s, i):
-    """∂fn/∂s_i by one forward-mode pass in the single scalar s_i (the others held fixed)."""
-    head, tail = s[:i], s[i + 1 :]
-    return jax.jvp(lambda si: fn(head + (si,) + tail), (s[i],), (jnp.ones_like(s[i]),))[1]
-
-
-def _dependencies(fn, s):
-    """For each output of `fn(s)` (a list of arrays), the set of indices i of the scalar
-    inputs s_i it depends on, read off the traced jaxpr (conservatively through sub-calls)."""
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in s]
-    closed = jax.make_jaxpr(lambda *a: fn(tuple(a)))(*specs)
-    jaxpr = closed.jaxpr
-    deps = {v: {i} for i, v in enumerate(jaxpr.invars)}
-    for eqn in jaxpr.eqns:
-        d = set()
-        for v in eqn.invars:
-            if not isinstance(v, Literal):
-                d |= deps.get(v, set())
-        for o in eqn.outvars:
-            deps[o] = d
-    return [set() if isinstance(v, Literal) else deps.get(v, set()) for v in jaxpr.outvars]
-
-
-def _sparse_partials(fn, s):
-    """table[i][o] = ∂fn_o/∂s_i, None where output o does not depend on s_i (no work)."""
-    deps = _dependencies(fn, s)
-    table = []
-    for i in range(len(s)):
-        needed = [i in d for d in deps]
-        if not any(needed):
-            table.append([None] * len(deps))
-            continue
-        row = _partial(fn, s, i)
-        table.append([r.reshape(1) if n else None for r, n in zip(row, needed)])
-    return table
-
-
-def _zero_mask_eqn(eqn, ins, out_avals):
-    """Elementwise 'is exactly zero' for the outputs of one equation (False when unsure)."""
-    name = eqn.primitive.name
-    p = eqn.params
-    shape = out_avals[0].shape
-
-    def full(value):
-        return [np.full(a.shape, value, dtype=bool) for a in out_avals]
-
-    try:
-        if "jaxpr" in p or "call_jaxpr" in p:
-            if name not in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint"):
-                return full(False)
-            sub = p.get("jaxpr", p.get("call_jaxpr"))
-            consts = getattr(sub, "consts", [])
-            return _zero_mask_jaxpr(getattr(sub, "jaxpr", sub), ins, consts)
-        if name == "stack":
-            return [np.stack([np.broadcast_to(m, out_avals[0].shape[:0] + np.shape(m)) for m in ins], axis=p["axis"])]
-        if name == "broadcast_in_dim":
-            x = ins[0]
-            dims = p["broadcast_dimensions"]
-            expanded = x.reshape([x.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))])
-            return [np.broadcast_to(expanded, shape).copy()]
-        if name in ("reshape", "squeeze", "expand_dims"):
-            return [ins[0].reshape(shape)]
-        if name == "concatenate":
-            return [np.concatenate(ins, axis=p["dimension"])]
-        if name == "slice":
-            idx = tuple(slice(a, b, c) for a, b, c in zip(p["start_indices"], p["limit_indices"], p["strides"] or [1] * len(shape)))
-            return [ins[0][idx]]
-        if name in ("neg", "convert_element_type", "copy", "sin", "tan", "sinh", "tanh", "sqrt", "abs", "sign"):
-            return [np.broadcast_to(ins[0], shape).copy()]
-        if name == "mul":
-            return [np.broadcast_to(ins[0] | ins[1], shape).copy()]
-        if name in ("add", "sub", "add_any"):
-            return [np.broadcast_to(ins[0] & ins[1], shape).copy()]
-        if name == "div":
-            return [np.broadcast_to(ins[0], shape).copy()]
-        if name == "integer_pow" and p["y"] > 0:
-            return [np.broadcast_to(ins[0], shape).copy()]
-    except (ValueError, IndexError, KeyError, TypeError):
-        pass
-    return full(False)
-
-
-def _const_mask(value, shape):
-    if isinstance(value, jax.core.Tracer):
-        return np.zeros(shape, dtype=bool)
-    return np.asarray(value) == 0
-
-
-def _zero_mask_jaxpr(jaxpr, in_masks, consts=()):
-    env = {}
-
-    def read(v):
-        if isinstance(v, Literal):
-            return np.full(np.shape(v.val), np.all(np.asarray(v.val) == 0), dtype=bool)
-        return env[v]
-
-    for v, m in zip(jaxpr.invars, in_masks):
-        env[v] = m
-    for i, v in enumerate(jaxpr.constvars):
-        env[v] = _const_mask(consts[i], v.aval.shape) if i < len(consts) else np.zeros(v.aval.shape, dtype=bool)
-    for eqn in jaxpr.eqns:
-        outs = _zero_mask_eqn(eqn, [read(v) for v in eqn.invars], [o.aval for o in eqn.outvars])
-        for o, m in zip(eqn.outvars, outs):
-            env[o] = m
-    return [read(v) for v in jaxpr.outvars]
-
-
-def structural_zeros(fn, *args):
-    """Boolean mask of the entries of `fn(*args)` that are exactly zero whatever the inputs
-    (e.g. the constant 0 in ω(q) = (sin φ, −cos φ, 0)), read off the traced jaxpr.
-
-    Used to skip multiplications by those zeros: XLA keeps x·0 (it is NaN for x = inf),
-    and in the third derivatives of the nonholonomic field they add up."""
-    specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
-    closed = jax.make_jaxpr(fn)(*specs)
-    ins = [np.zeros(sp.shape, dtype=bool) for sp in specs]
-    (mask,) = _zero_mask_jaxpr(closed.jaxpr, ins, closed.consts)[:1]
-    return mask
-
-
-def _directional(fn, s, start, direction):
-    """jvp of fn(s) along `direction` on the entries s[start:], skipping None entries
-    (they are structural zeros: those inputs are held fixed, not given zero tangents)."""
-    idx = [start + i for i, d in enumerate(direction) if d is not None]
-    tangents = tuple(d for d in direction if d is not None)
-    if not idx:
-        raise ValueError("a direction with no nonzero entry")
-    base = list(s)
-
-    def restricted(vals):
-        full = list(base)
-        for i, v in zip(idx, vals):
-            full[i] = v
-        return fn(tuple(full))
-
-    return jax.jvp(restricted, (tuple(s[i] for i in idx),), (tangents,))
-
-
-def _sdot_sparse(u, v):
-    """Σ u_i v_i over the entries where v_i is not None (None if there are none)."""
-    acc = None
-    for a, b in zip(u, v):
-        if b is None:
-            continue
-        acc = a * b if acc is None else acc + a * b
-    return acc
-
-
-def _sdot(u, v):
-    acc = u[0] * v[0]
-    for a, b in zip(u[1:], v[1:]):
-        acc = acc + a * b
-    return acc
-
-
-def _inverse(c):
-    """Inverse of a k×k matrix given as nested lists of scalars (written out for k ≤ 2)."""
-    k = len(c)
-    if k == 1:
-        return [[1.0 / c[0][0]]]
-    if k == 2:
-        r = 1.0 / (c[0][0] * c[1][1] - c[0][1] * c[1][0])
-        return [[c[1][1] * r, -c[0][1] * r], [-c[1][0] * r, c[0][0] * r]]
-    mat = jnp.concatenate([jnp.concatenate(row) for row in c]).reshape(k, k)
-    inv = small_solve(mat, jnp.eye(k, dtype=mat.dtype))
-    return [[lax.slice(inv, (a, b), (a + 1, b + 1)).reshape(1) for b in range(k)] for a in range(k)]
-
-
-def _matvec(a, x):
-    return [_sdot(row, x) for row in a]
-
-
-def _solve(c, b):
-    """Solve C x = b for a k×k matrix C and vector b given as (nested) lists of scalars."""
-    return _matvec(_inverse(c), b)
-
-
-def _dot(u, v):
-    """Inner product of two short vectors, written out."""
-    if u.shape[0] <= _UNROLL:
-        acc = u[0] * v[0]
-        for i in range(1, u.shape[0]):
-            acc = acc + u[i] * v[i]
-        return acc
-    return jnp.sum(u * v)
-
-
-def _rows_dot(w, v):
-    """w @ v for a (k, d) array w, as k written-out inner products."""
-    return jnp.stack([_dot(w[a], v) for a in range(w.shape[0])])
-
-
-def _combine_rows(w, coeffs):
-    """Σ_a coeffs_a w_a, the one-forms weighted by the multipliers: ωᵀλ."""
-    acc = coeffs[0] * w[0]
-    for a in range(1, w.shape[0]):
-        acc = acc + coeffs[a] * w[a]
-    return acc
-
-
-# --------------------------------------------------------------------------------------
 # The derived quantities at one state
 
 
@@ -418,7 +121,7 @@ class _Parts:
         self._forms_constant = False
         if self.kind == "momentum":
             try:
-                deps = _dependencies(lambda ss: [self.forms(ss)], self.explode(z))
+                deps = dependencies(lambda ss: [self.forms(ss)], self.explode(z))
                 self._forms_constant = not deps[0]
             except Exception:
                 self._forms_constant = False
@@ -427,7 +130,7 @@ class _Parts:
     def explode(self, z):
         out = []
         for leaf in jax.tree_util.tree_leaves(z):
-            out.extend(_scalars(leaf))
+            out.extend(scalars(leaf))
         return tuple(out)
 
     def implode(self, s):
@@ -443,14 +146,14 @@ class _Parts:
 
     # -- the user's functions on scalars
     def energy(self, s):
-        return _evaluate_on_scalars(self.system.hamiltonian, list(s)).reshape(())
+        return evaluate_on_pieces(self.system.hamiltonian, list(s)).reshape(())
 
     def forms(self, s):
         """ω as a (k, d) array."""
         if self.kind == "momentum":
-            w = _evaluate_on_scalars(self.system.nonholonomic, list(s))
+            w = evaluate_on_pieces(self.system.nonholonomic, list(s))
         elif self.config_is_vector:
-            w = _evaluate_on_scalars(self.system.nonholonomic, list(s[: self.nc]))
+            w = evaluate_on_pieces(self.system.nonholonomic, list(s[: self.nc]))
         else:
             w = self.system.nonholonomic(self._config(s))
         w = jnp.asarray(w)
@@ -477,7 +180,7 @@ class _Parts:
         return self._form_zeros
 
     def integrals(self, s):
-        return _evaluate_on_scalars(self.system.integral_values, list(s))
+        return evaluate_on_pieces(self.system.integral_values, list(s))
 
     def defect(self, s):
         return self.structure.embedding_defect(self._config(s)).reshape(-1)
@@ -490,37 +193,37 @@ class _Parts:
     def velocity(self, s):
         """v = ∂H/∂m, as scalars (one forward-mode pass per momentum entry)."""
         s = tuple(s)
-        return tuple(_partial(self.energy, s, i).reshape(1) for i in range(self.nc, len(s)))
+        return tuple(partial(self.energy, s, i).reshape(1) for i in range(self.nc, len(s)))
 
     def momenta(self, s):
         """J = ω ∂H/∂m, a list of k scalars."""
         _, rows = self.form_entries(s)
         v = self.velocity(s)
-        return [_sdot_sparse(v, row) for row in rows]
+        return [sdot_sparse(v, row) for row in rows]
 
     def matrix(self, s):
         """C_ab = ⟨∂J_a/∂m, ω_b⟩ as nested lists (column b: derivative of J along ω_b in m)."""
         _, rows = self.form_entries(s)
-        cols = [_directional(self.momenta, tuple(s), self.nc, row)[1] for row in rows]
+        cols = [directional(self.momenta, tuple(s), self.nc, row)[1] for row in rows]
         k = len(rows)
         return [[cols[b][a] for b in range(k)] for a in range(k)]
 
     def core(self, s):
         """(J, C⁻¹, μ = C⁻¹J) at s; C⁻¹ is formed once (one reciprocal)."""
         j = self.momenta(s)
-        c_inv = _inverse(self.matrix(s))
-        mu = _matvec(c_inv, j)
+        c_inv = inverse(self.matrix(s))
+        mu = matvec(c_inv, j)
         return j, c_inv, mu
 
     def extended(self, s):
         """H_ext = H − ½ JᵀC⁻¹J."""
         j, _, mu = self.core(s)
-        return self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+        return self.energy(s) - 0.5 * sdot(j, mu).reshape(())
 
     def direction(self, s, coeffs):
         """u = ωᵀc in the momentum (entries None where structurally zero)."""
         _, rows = self.form_entries(s)
-        return [_sdot_sparse(coeffs, [row[i] for row in rows]) for i in range(len(s) - self.nc)]
+        return [sdot_sparse(coeffs, [row[i] for row in rows]) for i in range(len(s) - self.nc)]
 
     @property
     def forms_fixed(self) -> bool:
@@ -533,8 +236,8 @@ class _Parts:
             u = self.direction(s, coeffs)
             if all(x is None for x in u):
                 return jnp.zeros_like(s[0])
-            return _directional(self.energy, tuple(s), self.nc, u)[1].reshape(1)
-        return _sdot(coeffs, self.momenta(s))
+            return directional(self.energy, tuple(s), self.nc, u)[1].reshape(1)
+        return sdot(coeffs, self.momenta(s))
 
     def half_quadratic(self, s, mu):
         """½ μᵀC(s)μ with μ fixed: the derivative of μ·J along u = ωᵀμ in m (with ω
@@ -543,10 +246,10 @@ class _Parts:
         if all(x is None for x in u):
             return jnp.zeros_like(s[0])
         if self.forms_fixed:
-            inner = lambda ss: _directional(self.energy, ss, self.nc, u)[1]
+            inner = lambda ss: directional(self.energy, ss, self.nc, u)[1]
         else:
-            inner = lambda ss: _sdot(mu, self.momenta(ss))
-        return 0.5 * _directional(inner, tuple(s), self.nc, u)[1].reshape(1)
+            inner = lambda ss: sdot(mu, self.momenta(ss))
+        return 0.5 * directional(inner, tuple(s), self.nc, u)[1].reshape(1)
 
     def field(self, s, z, weights=None, extra=None):
         """The extended field at the state z (scalars s), with shared first derivatives.
@@ -561,7 +264,7 @@ class _Parts:
         """
         s = tuple(s)
         j, c_inv, mu = self.core(s)
-        h_ext = self.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+        h_ext = self.energy(s) - 0.5 * sdot(j, mu).reshape(())
         k = len(j)
         if weights is not None:
             weights = weights(j, h_ext)
@@ -575,12 +278,12 @@ class _Parts:
                 out = out + list(extra(ss))
             return out
 
-        table = _sparse_partials(terms, s)
+        table = sparse_partials(terms, s)
         zero = jnp.zeros_like(s[0])
-        grad = [_sdot_sparse([1.0, -1.0, 1.0], row[:3]) for row in table]
+        grad = [sdot_sparse([1.0, -1.0, 1.0], row[:3]) for row in table]
         x_h = self.structure.apply(z, self.implode(tuple(zero if g is None else g for g in grad)))
         _, j_dot = jax.jvp(self.momenta, (s,), (self.explode(x_h),))
-        lam = [-x for x in _matvec(c_inv, j_dot)]
+        lam = [-x for x in matvec(c_inv, j_dot)]
         n0 = 3 + (weights is not None)
         return (
             x_h,
@@ -597,9 +300,9 @@ class _Parts:
         """ẋ = X_Hext + (0, ωᵀλ), the force added entry by entry (skipping structural zeros)."""
         _, rows = self.form_entries(s)
         m_dot = x_h[1] if self.kind == "pair" else x_h
-        entries = _scalars(m_dot)
+        entries = scalars(m_dot)
         for i in range(len(entries)):
-            f = _sdot_sparse(lam, [row[i] for row in rows])
+            f = sdot_sparse(lam, [row[i] for row in rows])
             if f is not None:
                 entries[i] = entries[i] + f
         m_dot = jnp.concatenate(entries).reshape(m_dot.shape)
@@ -740,7 +443,7 @@ def nonholonomic_quantities(system: System, x):
     _require(system)
     parts, s, _ = _at(system, x)
     j, _, mu = parts.core(s)
-    h_ext = parts.energy(s) - 0.5 * _sdot(j, mu).reshape(())
+    h_ext = parts.energy(s) - 0.5 * sdot(j, mu).reshape(())
     pieces = list(j) + [jnp.atleast_1d(h_ext)]
     if system.integrals:
         pieces.append(parts.integrals(s))
@@ -769,7 +472,7 @@ def project_nonholonomic(system: System, x):
     """
     _require(system)
     parts, s, z = _at(system, x)
-    mu = _solve(parts.matrix(s), parts.momenta(s))
+    mu = solve(parts.matrix(s), parts.momenta(s))
     w = parts.forms(s)
     shift = mu[0] * w[0]
     for a in range(1, w.shape[0]):
@@ -851,7 +554,7 @@ class NonholonomicFeedbackField(AbstractField):
         with_int = bool(self.system.integrals)
 
         def extra(ss):
-            out = list(_scalars(parts.integrals(ss))) if with_int else []
+            out = list(scalars(parts.integrals(ss))) if with_int else []
             if k0 is not None:
                 d = parts.defect(ss)
                 out.append(0.25 * jnp.sum(d * d).reshape(1))
@@ -864,7 +567,7 @@ class NonholonomicFeedbackField(AbstractField):
             if n_int:
                 pieces.append(parts.integrals(s))
             w = self._weights(jnp.concatenate(pieces) - self.target)
-            w_s = _scalars(w)
+            w_s = scalars(w)
             return w_s[: len(j)], w_s[len(j)], w_s[len(j) + 1 :]
 
         use_extra = with_int or k0 is not None
@@ -881,7 +584,7 @@ class NonholonomicFeedbackField(AbstractField):
             if jac_wj[i] is not None:
                 parts_i.append(jac_wj[i])
             if use_extra:
-                more = _sdot_sparse(coeffs, jac_extra[i])
+                more = sdot_sparse(coeffs, jac_extra[i])
                 if more is not None:
                     parts_i.append(more)
             grad_v.append(sum(parts_i[1:], parts_i[0]) if parts_i else zero)

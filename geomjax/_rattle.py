@@ -18,7 +18,7 @@ import numpy as np
 
 from ._linalg import small_solve
 from ._newton import newton_solve
-from ._step import NEWTON_FAILED, SUCCESS, AbstractStep
+from ._step import NEWTON_FAILED, SUCCESS, SystemStep
 from ._system import System
 from ._validate import as_state
 
@@ -78,7 +78,7 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h):
     return momentum(mu)
 
 
-class Rattle(AbstractStep):
+class Rattle(SystemStep):
     """RATTLE (`velocity_projection=True`) or SHAKE (`False`) for a holonomic `System`.
 
     See `geomjax.rattle` and `geomjax.shake` for the equations.
@@ -94,16 +94,6 @@ class Rattle(AbstractStep):
     @property
     def _mech(self):
         return _Mechanics(self.system)
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         check_holonomic_start(self.system, x0, need_separable=self.separable)

@@ -71,6 +71,32 @@ class FunctionStep(AbstractStep):
         return self.fn(z, h), ok_status()
 
 
+class StructureStep(AbstractStep):
+    """Base of steps whose pieces are those of a Poisson structure (`structure`)."""
+
+    structure: eqx.AbstractVar[object]
+
+    def split(self, x):
+        return self.structure.split(x)
+
+    def merge(self, z):
+        return self.structure.merge(z)
+
+    @property
+    def dim(self):
+        return self.structure.dim
+
+
+class SystemStep(StructureStep):
+    """Base of steps built from a `geomjax.System`: pieces come from its structure."""
+
+    system: eqx.AbstractVar[object]
+
+    @property
+    def structure(self):
+        return self.system.structure
+
+
 class FieldStep(AbstractStep):
     """Base of steps built from a vector field: pieces and checks come from the field."""
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._step import AbstractStep, ok_status
+from .._step import StructureStep, ok_status
 from .._structures import CanonicalStructure, canonical
 from .._validate import as_state
 from ._model import Model
@@ -53,7 +53,7 @@ def _check_on_cotangent_sphere(structure, x0, tol=1e-8):
         )
 
 
-class GreatCircleFlow(AbstractStep):
+class GreatCircleFlow(StructureStep):
     """The exact flow of H¹ = |p|²/2m on T*S: uniform great-circle motion.
 
     With r = |q|, θ = |p| t/(m r): q(t) = q cos θ + (t/m) p (sin θ/θ),
@@ -62,16 +62,6 @@ class GreatCircleFlow(AbstractStep):
 
     structure: CanonicalStructure
     mass: jax.Array
-
-    def split(self, x):
-        return self.structure.split(x)
-
-    def merge(self, z):
-        return self.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.structure.dim
 
     def check(self, x0) -> None:
         _check_on_cotangent_sphere(self.structure, x0)
@@ -86,22 +76,12 @@ class GreatCircleFlow(AbstractStep):
         return (q1, p1), ok_status()
 
 
-class GravityKick(AbstractStep):
+class GravityKick(StructureStep):
     """The exact flow of H² = m g qₙ on T*S: p(t) = p − t m g (eₙ − (qₙ/|q|²) q), q fixed."""
 
     structure: CanonicalStructure
     mass: jax.Array
     gravity: jax.Array
-
-    def split(self, x):
-        return self.structure.split(x)
-
-    def merge(self, z):
-        return self.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.structure.dim
 
     def check(self, x0) -> None:
         _check_on_cotangent_sphere(self.structure, x0)
