@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
+from _harness import euler_loop, sphere_states, timeit
 
 M = G = 1.0
 K = 50.0
@@ -55,39 +56,10 @@ def derived_field(x0):
     return lambda q, p: y.rhs((q, p))
 
 
-def euler_loop(make_field, steps, h):
-    def run(x0):
-        field = make_field(x0)
-
-        def body(carry, _):
-            q, p = carry
-            dq, dp = field(q, p)
-            return (q + h * dq, p + h * dp), None
-
-        (q, p), _ = jax.lax.scan(body, (x0[:3], x0[3:]), None, length=steps)
-        return jnp.concatenate([q, p])
-
-    return run
 
 
-def timeit(fn, *args, repeat=5):
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeat):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
-def initial_states(n, key):
-    """n states on T*S² near seed 000's start (random point, tangent momentum)."""
-    kq, kp = jax.random.split(key)
-    q = jax.random.normal(kq, (n, 3))
-    q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
-    p = jax.random.normal(kp, (n, 3))
-    p = p - jnp.sum(p * q, axis=1, keepdims=True) * q
-    return jnp.concatenate([q, p], axis=1)
 
 
 def main(argv=None):
@@ -112,7 +84,7 @@ def main(argv=None):
     t_int = timeit(integ, x0)
     rows.append(("single, 1e5 steps", t_hand, t_der, t_int))
 
-    xs = initial_states(args.batch, jax.random.PRNGKey(0))
+    xs = sphere_states(args.batch, jax.random.PRNGKey(0))
     batch_hand = jax.jit(jax.vmap(euler_loop(hand_field_wrap, args.batch_steps, h)))
     batch_derived = jax.jit(jax.vmap(euler_loop(derived_field, args.batch_steps, h)))
     t_bh = timeit(batch_hand, xs, repeat=3)

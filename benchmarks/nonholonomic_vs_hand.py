@@ -10,13 +10,15 @@ Run: `python benchmarks/nonholonomic_vs_hand.py` (prints times and derived/hand 
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import functools
+
 import geomjax
+from _harness import euler_loop, timeit
 
 GAINS = (10.0, 10.0, 10.0)  # k_J, k_H, k_pφ
 H_STEP = 1e-3
@@ -76,29 +78,8 @@ def derived_field(model, x0):
     return lambda q, p: y.rhs((q, p))
 
 
-def euler_loop(make_field, model, steps, h):
-    def run(x0):
-        field = make_field(model, x0)
-
-        def body(carry, _):
-            q, p = carry
-            dq, dp = field(q, p)
-            return (q + h * dq, p + h * dp), None
-
-        (q, p), _ = jax.lax.scan(body, (x0[:3], x0[3:]), None, length=steps)
-        return jnp.concatenate([q, p])
-
-    return run
 
 
-def timeit(fn, *args, repeat=5):
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeat):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def initial_states(model, n, key):
@@ -123,8 +104,8 @@ def main(argv=None):
     model = geomjax.models.knife_edge()
     x0 = model.x0
 
-    single_hand = jax.jit(euler_loop(hand_field, model, args.steps, H_STEP))
-    single_derived = jax.jit(euler_loop(derived_field, model, args.steps, H_STEP))
+    single_hand = jax.jit(euler_loop(functools.partial(hand_field, model), args.steps, H_STEP))
+    single_derived = jax.jit(euler_loop(functools.partial(derived_field, model), args.steps, H_STEP))
     xh, xd = single_hand(x0), single_derived(x0)
     agree = float(jnp.max(jnp.abs(xh - xd)))
     t_hand = timeit(single_hand, x0)
@@ -135,8 +116,8 @@ def main(argv=None):
     rows = [(f"single, {args.steps:.0e} steps", t_hand, t_der, t_int)]
 
     xs = initial_states(model, args.batch, jax.random.PRNGKey(0))
-    batch_hand = jax.jit(jax.vmap(euler_loop(hand_field, model, args.batch_steps, H_STEP)))
-    batch_derived = jax.jit(jax.vmap(euler_loop(derived_field, model, args.batch_steps, H_STEP)))
+    batch_hand = jax.jit(jax.vmap(euler_loop(functools.partial(hand_field, model), args.batch_steps, H_STEP)))
+    batch_derived = jax.jit(jax.vmap(euler_loop(functools.partial(derived_field, model), args.batch_steps, H_STEP)))
     agree_b = float(jnp.max(jnp.abs(batch_hand(xs) - batch_derived(xs))))
     t_bh = timeit(batch_hand, xs, repeat=3)
     t_bd = timeit(batch_derived, xs, repeat=3)

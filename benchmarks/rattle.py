@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
+from _harness import count_fusions, scan_loop, sphere_states, timeit
 
 H = 1e-3
 TOL = 1e-13
@@ -109,44 +110,12 @@ def numpy_rattle(x0, steps):
     return np.concatenate([q, p])
 
 
-# --------------------------------------------------------------------------------------
-# Loops and timing
 
 
-def scan_loop(step, steps):
-    def run(x0):
-        def body(carry, _):
-            return step(*carry), None
-
-        (q, p), _ = jax.lax.scan(body, (x0[:3], x0[3:]), None, length=steps)
-        return jnp.concatenate([q, p])
-
-    return run
 
 
-def timeit(fn, *args, repeat=5):
-    jax.block_until_ready(fn(*args))
-    best = np.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
-def initial_states(n, key):
-    """n states on T*S² (random point, random tangent momentum)."""
-    kq, kp = jax.random.split(key)
-    q = jax.random.normal(kq, (n, 3))
-    q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
-    p = jax.random.normal(kp, (n, 3))
-    p = p - jnp.sum(p * q, axis=1, keepdims=True) * q
-    return jnp.concatenate([q, p], axis=1)
-
-
-def count_fusions(fn, x):
-    text = jax.jit(fn).lower(x).compile().as_text()
-    return text.count(" fusion("), text.count("custom-call")
 
 
 def main(argv=None):
@@ -178,7 +147,7 @@ def main(argv=None):
     x_short = jax.jit(scan_loop(steps["derived"], args.numpy_steps))(x0)
     numpy_agree = float(np.max(np.abs(x_np - np.asarray(x_short))))
 
-    xs = initial_states(args.batch, jax.random.PRNGKey(0))
+    xs = sphere_states(args.batch, jax.random.PRNGKey(0))
     batch = {name: jax.jit(jax.vmap(scan_loop(s, args.batch_steps))) for name, s in steps.items()}
     btimes = {name: timeit(f, xs, repeat=3) for name, f in batch.items()}
     binteg = jax.jit(

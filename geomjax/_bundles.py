@@ -96,7 +96,7 @@ class LeftTrivialisedSE2(AbstractPoissonStructure):
         gx, gy, gc, gs = g_g[0], g_g[1], g_g[2], g_g[3]
         g_dot = [c * vx - s * vy, s * vx + c * vy, -s * w, c * w]
         tau = (-s * gc + c * gs, c * gx + s * gy, -s * gx + c * gy)
-        mt, mx, my = mu[0], mu[1], mu[2]
+        mx, my = mu[1], mu[2]
         mu_dot = [-my * vx + mx * vy - tau[0], my * w - tau[1], -mx * w - tau[2]]
         if self.shape:
             g_dot = jnp.concatenate([jnp.stack(g_dot), g_mu[3:]])

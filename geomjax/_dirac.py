@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._derived import constraint_data, dirac_vector
-from ._field import AbstractField
+from ._field import SystemField
 from ._system import System
 from ._validate import is_concrete
 
@@ -39,20 +39,10 @@ def check_constraint_matrix(system: System, x0) -> None:
         )
 
 
-class DiracField(AbstractField):
+class DiracField(SystemField):
     """X = X_H − Σ_ij (C⁻¹)_ij {H, f_i} X_{f_j}, derived by autodiff from a `System`."""
 
     system: System
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)

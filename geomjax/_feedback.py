@@ -9,7 +9,7 @@ from jax import lax
 
 from ._derived import constraint_data, dirac_multipliers
 from ._dirac import check_constraint_matrix
-from ._field import AbstractField, tree_axpy
+from ._field import SystemField, tree_axpy
 from ._system import System
 from ._validate import as_state, is_concrete
 
@@ -81,23 +81,13 @@ def _check_on_holonomic(system: System, x0, tol=1e-8):
         )
 
 
-class FeedbackField(AbstractField):
+class FeedbackField(SystemField):
     """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6)."""
 
     system: System
     target: jax.Array
     gains: jax.Array
     metric: object
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)

@@ -38,6 +38,22 @@ class AbstractField(eqx.Module):
         return self.merge(self.rhs(self.split(x)))
 
 
+class SystemField(AbstractField):
+    """Base of fields derived from a `geomjax.System`: pieces come from its structure."""
+
+    system: eqx.AbstractVar[object]
+
+    def split(self, x):
+        return self.system.structure.split(x)
+
+    def merge(self, z):
+        return self.system.structure.merge(z)
+
+    @property
+    def dim(self):
+        return self.system.dim
+
+
 class FunctionField(AbstractField):
     """Wrap a plain callable `x ↦ ẋ` on flat states as a field."""
 

@@ -40,7 +40,6 @@ def small_solve(a, b):
         return jnp.stack([x0, x1])
     if m > _UNROLL_MAX:
         return jnp.linalg.solve(a, b)
-    vector = b.ndim == 1
     # The row operations are decided by `a` alone and applied to `b` separately, so the
     # result is linear in `b` with coefficients that do not depend on it: reverse-mode
     # autodiff can transpose it (Newton's implicit-function gradients need that).

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 from ._feedback import _check_metric, _gain_array
-from ._field import AbstractField
+from ._field import SystemField
 from ._pieces import evaluate_on_pieces
 from ._sparse_ad import (
     dependencies,
@@ -265,7 +265,6 @@ class _Parts:
         s = tuple(s)
         j, c_inv, mu = self.core(s)
         h_ext = self.energy(s) - 0.5 * sdot(j, mu).reshape(())
-        k = len(j)
         if weights is not None:
             weights = weights(j, h_ext)
             w_j = weights[0]
@@ -343,7 +342,7 @@ def _check_matrix_at(system, x0) -> None:
 # The extended field
 
 
-class NonholonomicField(AbstractField):
+class NonholonomicField(SystemField):
     """The extended nonholonomic field ẋ = B∇H_ext + (0, ωᵀλ), λ = −C⁻¹{J, H_ext} (seed 001 §2).
 
     Built by `geomjax.nonholonomic_field(system)`. Besides `field(x)` it evaluates the
@@ -353,16 +352,6 @@ class NonholonomicField(AbstractField):
     """
 
     system: System
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         _check_matrix_at(self.system, x0)
@@ -488,7 +477,7 @@ def project_nonholonomic(system: System, x):
 # The feedback field
 
 
-class NonholonomicFeedbackField(AbstractField):
+class NonholonomicFeedbackField(SystemField):
     """Y = X − L∇V for a nonholonomic system (seed 001 §2.4 with the extended field X).
 
     V = ½ ΔᵀKΔ with Δ = (J, H_ext − H₀, I − I₀), plus k₀/4 ‖D‖² for an embedded structure
@@ -500,16 +489,6 @@ class NonholonomicFeedbackField(AbstractField):
     gains: jax.Array
     embedding_gain: jax.Array | None
     metric: object
-
-    def split(self, x):
-        return self.system.structure.split(x)
-
-    def merge(self, z):
-        return self.system.structure.merge(z)
-
-    @property
-    def dim(self):
-        return self.system.dim
 
     def check(self, x0) -> None:
         _check_matrix_at(self.system, x0)

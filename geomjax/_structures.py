@@ -174,7 +174,7 @@ class LiePoissonSE2(AbstractPoissonStructure):
         return z
 
     def apply(self, z, grad):
-        mt, mx, my = z[0], z[1], z[2]
+        mx, my = z[1], z[2]
         g0, g1, g2 = grad[0], grad[1], grad[2]
         return jnp.stack([-my * g1 + mx * g2, my * g0, -mx * g0])
 

@@ -1,0 +1,62 @@
+"""Shared pieces of the benchmark scripts: the compiled loops, timing and test states."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def scan_loop(step, steps: int, n: int = 3):
+    """`x0 ↦ x_steps` for `step(q, p) ↦ (q, p)` iterated in one `lax.scan` on the (q, p) pieces."""
+
+    def run(x0):
+        def body(carry, _):
+            return step(*carry), None
+
+        (q, p), _ = jax.lax.scan(body, (x0[:n], x0[n:]), None, length=steps)
+        return jnp.concatenate([q, p])
+
+    return run
+
+
+def euler_loop(make_field, steps: int, h: float, n: int = 3):
+    """Explicit Euler for the field `make_field(x0)`, a callable `(q, p) ↦ (q̇, ṗ)`."""
+
+    def run(x0):
+        field = make_field(x0)
+
+        def step(q, p):
+            dq, dp = field(q, p)
+            return q + h * dq, p + h * dp
+
+        return scan_loop(step, steps, n)(x0)
+
+    return run
+
+
+def timeit(fn, *args, repeat: int = 5) -> float:
+    """Best wall time of `repeat` calls after one warm-up (compilation) call."""
+    jax.block_until_ready(fn(*args))
+    best = np.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def sphere_states(n: int, key):
+    """n states on T*S² ⊂ T*R³: a random unit q and a random momentum tangent to the sphere."""
+    kq, kp = jax.random.split(key)
+    q = jax.random.normal(kq, (n, 3))
+    q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
+    p = jax.random.normal(kp, (n, 3))
+    p = p - jnp.sum(p * q, axis=1, keepdims=True) * q
+    return jnp.concatenate([q, p], axis=1)
+
+
+def count_fusions(fn, x):
+    """(fusions, custom calls) in the compiled HLO of `fn(x)`."""
+    text = jax.jit(fn).lower(x).compile().as_text()
+    return text.count(" fusion("), text.count("custom-call")
