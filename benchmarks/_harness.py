@@ -60,3 +60,14 @@ def count_fusions(fn, x):
     """(fusions, custom calls) in the compiled HLO of `fn(x)`."""
     text = jax.jit(fn).lower(x).compile().as_text()
     return text.count(" fusion("), text.count("custom-call")
+
+
+def size_arguments(description: str):
+    """An argument parser with the sizes every derived-vs-hand benchmark takes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=100_000, help="steps of the single run")
+    parser.add_argument("--batch", type=int, default=1024, help="initial states under vmap")
+    parser.add_argument("--batch-steps", type=int, default=10_000, help="steps of the batched run")
+    return parser

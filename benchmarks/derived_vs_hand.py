@@ -8,7 +8,6 @@ trajectory (1e5 steps) and for `vmap` over 1024 initial states (1e4 steps). Also
 Run: `python benchmarks/derived_vs_hand.py` (prints a table of times and ratios).
 """
 
-import argparse
 import time
 
 import jax
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
-from _harness import euler_loop, sphere_states, timeit
+from _harness import euler_loop, size_arguments, sphere_states, timeit
 
 M = G = 1.0
 K = 50.0
@@ -63,11 +62,7 @@ def derived_field(x0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--batch-steps", type=int, default=10_000)
-    args = parser.parse_args(argv)
+    args = size_arguments(__doc__.splitlines()[0]).parse_args(argv)
     h = 1e-3
     model = geomjax.models.spherical_pendulum()
     x0 = model.x0

@@ -9,7 +9,6 @@ and for `vmap` over 1024 initial states (1e4 steps).
 Run: `python benchmarks/nonholonomic_vs_hand.py` (prints times and derived/hand ratios).
 """
 
-import argparse
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,7 @@ import numpy as np
 import functools
 
 import geomjax
-from _harness import euler_loop, timeit
+from _harness import euler_loop, size_arguments, timeit
 
 GAINS = (10.0, 10.0, 10.0)  # k_J, k_H, k_pφ
 H_STEP = 1e-3
@@ -96,11 +95,7 @@ def initial_states(model, n, key):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--batch-steps", type=int, default=10_000)
-    args = parser.parse_args(argv)
+    args = size_arguments(__doc__.splitlines()[0]).parse_args(argv)
     model = geomjax.models.knife_edge()
     x0 = model.x0
 

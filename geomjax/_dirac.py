@@ -2,12 +2,11 @@
 
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 
 from ._derived import constraint_data, dirac_vector
 from ._field import SystemField
 from ._system import System
-from ._validate import is_concrete
+from ._validate import require_invertible
 
 
 @eqx.filter_jit
@@ -19,24 +18,12 @@ def check_constraint_matrix(system: System, x0) -> None:
     """Raise if C_ij = {f_i, f_j} is singular (or nearly so) at the concrete state `x0`."""
     if not system.is_constrained:
         return
-    c = _matrix_at(system, x0)
-    if not is_concrete(c):
-        # x0 is concrete but the system is traced (its parameters are under jit/vmap/grad):
-        # nothing to check eagerly.
-        return
-    c = np.asarray(c)
-    if not np.all(np.isfinite(c)):
-        raise ValueError(
-            "the constraint matrix C_ij = {f_i, f_j} is not finite at x0: the constraint "
-            "functions or their gradients give NaN/inf there"
-        )
-    sv = np.linalg.svd(c, compute_uv=False)
-    if sv[0] == 0.0 or sv[-1] <= 1e-12 * max(sv[0], 1.0):
-        raise ValueError(
-            "the constraint matrix C_ij = {f_i, f_j} is singular at x0 (singular values "
-            f"{np.array2string(sv, precision=3)}): the constraints are not second-class there, "
-            "so the Dirac formula is undefined (for a pendulum this happens at q = 0)"
-        )
+    require_invertible(
+        _matrix_at(system, x0),
+        "the constraint matrix C_ij = {f_i, f_j}",
+        "the constraints are not second-class there, so the Dirac formula is undefined "
+        "(for a pendulum this happens at q = 0)",
+    )
 
 
 class DiracField(SystemField):

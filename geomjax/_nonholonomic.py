@@ -57,7 +57,7 @@ from ._sparse_ad import (
 )
 from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from ._system import System
-from ._validate import as_state, is_concrete
+from ._validate import as_state, is_concrete, require_invertible
 
 # --------------------------------------------------------------------------------------
 # Which piece is the momentum
@@ -326,16 +326,12 @@ def _matrix_at(system, x):
 
 
 def _check_matrix_at(system, x0) -> None:
-    c = np.asarray(_matrix_at(system, x0))
-    if not np.all(np.isfinite(c)):
-        raise ValueError("the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩ is not finite at x0")
-    sv = np.linalg.svd(c, compute_uv=False)
-    if sv[0] == 0.0 or sv[-1] <= 1e-12 * max(sv[0], 1.0):
-        raise ValueError(
-            "the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩ is singular at x0 (singular values "
-            f"{np.array2string(sv, precision=3)}): the constraint one-forms are linearly "
-            "dependent there, or the kinetic energy is degenerate along them"
-        )
+    require_invertible(
+        _matrix_at(system, x0),
+        "the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩",
+        "the constraint one-forms are linearly dependent there, or the kinetic energy is "
+        "degenerate along them",
+    )
 
 
 # --------------------------------------------------------------------------------------
