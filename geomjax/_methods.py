@@ -15,17 +15,37 @@ _METHODS: dict[str, tuple[Callable, int]] = {
 
 
 def register_method(name: str, builder: Callable, order: int) -> None:
-    """Make `method=name` available in `geomjax.integrate`; `builder(field)` returns a step."""
+    """Make `method=name` available in `geomjax.integrate`.
+
+    **Arguments:**
+
+    - `name`: the method's name.
+    - `builder`: callable `field ↦ step` (a `geomjax.AbstractStep`).
+    - `order`: its classical order (used by `method_order` and the convergence tests).
+
+    Example:
+
+    ```python
+    geomjax.register_method("ralston", lambda f: geomjax.explicit_rk(f, my_tableau), 2)
+    geomjax.integrate(field, x0, dt=0.01, steps=100, method="ralston")
+    ```
+    """
     _METHODS[name] = (builder, order)
 
 
 def method_names() -> list[str]:
-    """The names accepted by `geomjax.integrate(..., method=NAME)`."""
+    """The names accepted by `geomjax.integrate(..., method=NAME)`.
+
+    Example: `geomjax.method_names()` → `['euler', 'gauss2', ..., 'rk4', 'trapezoidal']`.
+    """
     return sorted(_METHODS)
 
 
 def method_order(name: str) -> int:
-    """Classical order of the named method."""
+    """Classical order of the named method.
+
+    Example: `geomjax.method_order("gauss4")` → `4`.
+    """
     return _METHODS[name][1]
 
 

@@ -438,7 +438,15 @@ def nonholonomic_quantities(system: System, x):
 def embedding_defect(system: System, x):
     """‖D(x)‖ (Frobenius norm of the embedding defect: RᵀR − I or cos² + sin² − 1).
 
-    Zero when the structure has no embedding.
+    Zero when the structure has no embedding. Use it to monitor how far a trajectory on an
+    embedded group (`left_trivialised_so3`, `left_trivialised_se2`) has left the group.
+
+    Example:
+
+    ```python
+    model = geomjax.models.suslov()
+    geomjax.embedding_defect(model.system, model.x0)  # 0.0 at the start
+    ```
     """
     s = system.structure
     if not hasattr(s, "embedding_defect"):

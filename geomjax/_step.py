@@ -14,8 +14,12 @@ SOLVER_FAILED = 3
 
 STATUS_MESSAGES = {
     SUCCESS: "success",
-    NONFINITE: "the state became non-finite (NaN or inf)",
-    NEWTON_FAILED: "a Newton solve inside the step did not converge",
+    NONFINITE: (
+        "the state became non-finite (NaN or inf); with a feedback field and an explicit "
+        "method this usually means the stability limit h·λ_max(L∇²V) < 2 was exceeded: "
+        "lower dt or the gains"
+    ),
+    NEWTON_FAILED: "a Newton solve inside the step did not converge (try a smaller dt)",
     SOLVER_FAILED: "the diffrax solver stopped with an error",
 }
 

@@ -198,6 +198,14 @@ def heisenberg(q0=(1.0, 0.5, 0.0), v0=(0.3, 1.0)) -> Model:
     Defaults (ours): q₀ = (1, 0.5, 0), (ẋ₀, ẏ₀) = (0.3, 1) and ż₀ = y₀ẋ₀ − x₀ẏ₀ = −0.85.
 
     `quantity_names = ("J", "H", "L_z")`.
+
+    Example:
+
+    ```python
+    model = geomjax.models.heisenberg()
+    Y = geomjax.feedback_field(model.system, model.x0, gains=1.0)
+    sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000)
+    ```
     """
     q = jnp.asarray(q0, jnp.float64)
     v = jnp.asarray(v0, jnp.float64)
@@ -238,6 +246,13 @@ def nonholonomic_oscillator(eps=0.3, q0=(1.0, 0.0, 1.0), p0=(0.0, 1.0, 0.5)) -> 
     ours is q₀ = (1, 0, 1), p₀ = (0, 1, 0.5) (on the constraint: p_x + y p_z = 0).
 
     `quantity_names = ("J", "H", "H_y")`; H_y is conserved on the constraint set.
+
+    Example:
+
+    ```python
+    model = geomjax.models.nonholonomic_oscillator()
+    sol = geomjax.integrate(geomjax.dla(model.system), model.x0, dt=0.05, steps=2000)
+    ```
     """
     pr = _params(eps=eps)
     x0 = jnp.concatenate([jnp.asarray(q0, jnp.float64), jnp.asarray(p0, jnp.float64)])

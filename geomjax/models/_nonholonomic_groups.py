@@ -77,6 +77,14 @@ def suslov(inertia=(1.0, 2.0, 3.0), xi=(0.0, 0.0, 1.0), omega0=(1.0, 1.0, 0.0), 
     spins uniformly, R(t) = R₀ exp(tΩ̂₀) — `exact`. For other ξ `exact` is None.
 
     `quantity_names`: ("J", "H", "RtR-I") (full) or ("J", "H") (reduced).
+
+    Example:
+
+    ```python
+    model = geomjax.models.suslov(reduced=True)
+    X = geomjax.nonholonomic_field(model.system)
+    sol = geomjax.integrate(X, model.x0, dt=1e-2, steps=1000, method="rk4")
+    ```
     """
     pr = _params(inertia=inertia, xi=xi)
     om0 = jnp.asarray(omega0, jnp.float64)
@@ -163,6 +171,14 @@ def chaplygin_sleigh(m=1.0, inertia=1.0, a=1.0, v0=1.0, omega0=1.0, theta0=0.0) 
     Defaults (ours): m = J = a = 1, v₀ = ω₀ = 1, starting at the origin heading along x.
 
     `quantity_names = ("J", "H", "c2+s2-1")`.
+
+    Example:
+
+    ```python
+    model = geomjax.models.chaplygin_sleigh()
+    Y = geomjax.feedback_field(model.system, model.x0, gains=10.0)
+    sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=5000, save_every=50)
+    ```
     """
     pr = _params(m=m, inertia=inertia, a=a)
     v0, om0, th0 = (jnp.asarray(v, jnp.float64) for v in (v0, omega0, theta0))
@@ -208,6 +224,14 @@ def roller_racer(m=1.0, inertia1=1.0, inertia2=0.5, d1=1.0, d2=0.5, phi0=0.5, om
     φ̇₀ = 0.5 (v_x from the constraint), starting at the origin heading along x.
 
     `quantity_names = ("J1", "J2", "H", "c2+s2-1")`; no exact solution.
+
+    Example:
+
+    ```python
+    model = geomjax.models.roller_racer()
+    Y = geomjax.feedback_field(model.system, model.x0, gains=10.0)
+    sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=2000, method="rk4")
+    ```
     """
     pr = _params(m=m, inertia1=inertia1, inertia2=inertia2, d1=d1, d2=d2)
     phi0, om0, fd0 = (jnp.asarray(v, jnp.float64) for v in (phi0, omega0, phi_dot0))
