@@ -1,7 +1,9 @@
 """Feedback integrators: the field X − L∇V that makes the invariant set attracting."""
 
+import abc
 from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,7 +83,60 @@ def _check_on_holonomic(system: System, x0, tol=1e-8):
         )
 
 
-class FeedbackField(SystemField):
+class AbstractFeedbackField(SystemField):
+    """Y = X − L∇V with V = ½(F − F₀)ᵀK(F − F₀) (+ an optional extra potential).
+
+    Subclasses give `quantities(x)` (the F whose level set is made attracting) and `rhs`;
+    this base holds the gains K, the metric L and what follows from them.
+    """
+
+    target: eqx.AbstractVar[jax.Array]
+    gains: eqx.AbstractVar[jax.Array]
+    metric: eqx.AbstractVar[object]
+
+    @abc.abstractmethod
+    def quantities(self, x):
+        """F(x), the quantities the feedback holds at their initial values."""
+
+    def extra_potential(self, x):
+        """A potential added to V (zero here; embedded groups add k₀/4‖D‖²)."""
+        return jnp.zeros((), jnp.asarray(x).dtype)
+
+    def _weights(self, deviation):
+        if self.gains.ndim == 1:
+            return self.gains * deviation
+        return (self.gains * deviation[None, :]).sum(axis=1)
+
+    def lyapunov(self, x):
+        """V(x) = ½(F(x) − F₀)ᵀ K (F(x) − F₀) (+ the extra potential)."""
+        d = self.quantities(x) - self.target
+        return 0.5 * jnp.sum(d * self._weights(d)) + self.extra_potential(x)
+
+    def euler_step_limit(self, x):
+        """2 / λ_max(L∇²V)(x), the largest stable explicit-Euler step near the invariant set.
+
+        Explicit Euler on Y is stable near V⁻¹(0) only for h·λ_max(L∇²V) < 2, λ_max the
+        largest eigenvalue of the Hessian of V (times a scalar metric L). Evaluate it on the
+        invariant set, e.g. at x0.
+
+        Example: `geomjax.feedback_field(system, x0, 50.0).euler_step_limit(x0)`.
+        """
+        hess = jax.hessian(self.lyapunov)(jnp.asarray(x))
+        lam = jnp.max(jnp.linalg.eigvalsh(hess))
+        if self.metric is not None and not callable(self.metric) and jnp.ndim(self.metric) == 0:
+            lam = lam * self.metric
+        return 2.0 / lam
+
+    def _apply_metric(self, z, grad_v):
+        if self.metric is None:
+            return grad_v
+        ell = self.metric(self.merge(z)) if callable(self.metric) else self.metric
+        if jnp.ndim(ell) == 0:
+            return jax.tree_util.tree_map(lambda g: ell * g, grad_v)
+        return self.split(ell @ self.merge(grad_v))
+
+
+class FeedbackField(AbstractFeedbackField):
     """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6)."""
 
     system: System
@@ -92,26 +147,8 @@ class FeedbackField(SystemField):
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)
 
-    def _weights(self, deviation):
-        if self.gains.ndim == 1:
-            return self.gains * deviation
-        return (self.gains * deviation[None, :]).sum(axis=1)
-
-    def lyapunov(self, x):
-        """V(x) = ½(F(x) − F₀)ᵀ K (F(x) − F₀)."""
-        d = self.system.conserved_quantities(x) - self.target
-        return 0.5 * d @ self._weights(d)
-
-    def _apply_metric(self, z, grad_v):
-        if self.metric is None:
-            return grad_v
-        if callable(self.metric):
-            ell = self.metric(self.merge(z))
-        else:
-            ell = self.metric
-        if ell.ndim == 0:
-            return jax.tree_util.tree_map(lambda g: ell * g, grad_v)
-        return self.split(ell @ self.merge(grad_v))
+    def quantities(self, x):
+        return self.system.conserved_quantities(x)
 
     def rhs(self, z):
         s = self.system.structure

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._feedback import _check_metric, _gain_array
+from ._feedback import AbstractFeedbackField, _check_metric, _gain_array
 from ._field import SystemField
 from ._pieces import evaluate_on_pieces
 from ._sparse_ad import (
@@ -481,7 +481,7 @@ def project_nonholonomic(system: System, x):
 # The feedback field
 
 
-class NonholonomicFeedbackField(SystemField):
+class NonholonomicFeedbackField(AbstractFeedbackField):
     """Y = X − L∇V for a nonholonomic system (seed 001 §2.4 with the extended field X).
 
     V = ½ ΔᵀKΔ with Δ = (J, H_ext − H₀, I − I₀), plus k₀/4 ‖D‖² for an embedded structure
@@ -497,38 +497,14 @@ class NonholonomicFeedbackField(SystemField):
     def check(self, x0) -> None:
         _check_matrix_at(self.system, x0)
 
-    def _weights(self, deviation):
-        if self.gains.ndim == 1:
-            return self.gains * deviation
-        return (self.gains * deviation[None, :]).sum(axis=1)
+    def quantities(self, x):
+        return nonholonomic_quantities(self.system, x)
 
-    def lyapunov(self, x):
-        """V(x) = ½(F − F₀)ᵀK(F − F₀) (+ k₀/4‖D‖²)."""
-        d = nonholonomic_quantities(self.system, x) - self.target
-        v = 0.5 * jnp.sum(d * self._weights(d))
-        if self.embedding_gain is not None:
-            dd = self.system.structure.embedding_defect(self.split(x)[0]).reshape(-1)
-            v = v + 0.25 * self.embedding_gain * jnp.sum(dd * dd)
-        return v
-
-    def euler_step_limit(self, x):
-        """2 / λ_max(L∇²V)(x): explicit Euler on Y is stable near the invariant set only for
-        h·λ_max(L∇²V) < 2 (λ_max the largest eigenvalue of the Hessian of V; L = I or a
-        scalar). Evaluate it on the invariant set, e.g. at x0.
-        """
-        hess = jax.hessian(self.lyapunov)(jnp.asarray(x))
-        lam = jnp.max(jnp.linalg.eigvalsh(hess))
-        if self.metric is not None and not callable(self.metric) and jnp.ndim(self.metric) == 0:
-            lam = lam * self.metric
-        return 2.0 / lam
-
-    def _apply_metric(self, z, grad_v):
-        if self.metric is None:
-            return grad_v
-        ell = self.metric(self.merge(z)) if callable(self.metric) else self.metric
-        if jnp.ndim(ell) == 0:
-            return jax.tree_util.tree_map(lambda g: ell * g, grad_v)
-        return self.split(ell @ self.merge(grad_v))
+    def extra_potential(self, x):
+        if self.embedding_gain is None:
+            return super().extra_potential(x)
+        dd = self.system.structure.embedding_defect(self.split(x)[0]).reshape(-1)
+        return 0.25 * self.embedding_gain * jnp.sum(dd * dd)
 
     def rhs(self, z):
         parts = _Parts(self.system, z)
