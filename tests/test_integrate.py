@@ -162,3 +162,20 @@ def test_progress_and_checkpoint_options_do_not_change_the_result(spherical, sph
     np.testing.assert_array_equal(chunked.xs, base.xs)
     np.testing.assert_array_equal(chunked.ts, base.ts)
     np.testing.assert_array_equal(plain.xs, base.xs)
+
+
+def test_euler_step_limit_predicts_feedback_blow_up(spherical):
+    """h·λ_max(∇²V) < 2: below the predicted limit feedback Euler is stable, above it blows up."""
+    gains = 50.0
+    field = geomjax.feedback_field(spherical.system, spherical.x0, gains=gains)
+    limit = float(field.euler_step_limit(spherical.x0))
+    # On V⁻¹(0), ∇²V = DFᵀ K DF, so λ_max is K times the largest squared singular value of DF.
+    jac = jax.jacfwd(spherical.system.conserved_quantities)(spherical.x0)
+    expected = 2.0 / (gains * np.linalg.svd(np.asarray(jac), compute_uv=False)[0] ** 2)
+    assert limit == pytest.approx(expected, rel=1e-10)
+    stable = geomjax.integrate(field, spherical.x0, dt=0.5 * limit, steps=400, save_every=400)
+    assert bool(stable.ok)
+    err = spherical_quantities(stable.xs[-1]) - spherical_quantities(spherical.x0)
+    assert float(jnp.max(jnp.abs(err))) < 1e-2
+    with pytest.raises(geomjax.IntegrationError, match="stability limit"):
+        geomjax.integrate(field, spherical.x0, dt=3.0 * limit, steps=400, save_every=400)
