@@ -19,6 +19,7 @@ every field of this form (so it can enter a Lyapunov function).
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 from ._structures import AbstractPoissonStructure
 
@@ -61,7 +62,7 @@ class LeftTrivialisedSO3(AbstractPoissonStructure):
 
     def embedding_defect(self, r):
         """RᵀR − I (shape (3, 3)); zero exactly on SO(3)."""
-        return r.T @ r - jnp.eye(3, dtype=r.dtype)
+        return r.T @ r - np.eye(3)
 
 
 class LeftTrivialisedSE2(AbstractPoissonStructure):

@@ -8,6 +8,7 @@ matrix C_ij = {f_i, f_j}.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._field import tree_dot
 from ._linalg import small_solve
@@ -32,7 +33,7 @@ def constraint_data(system: System, z) -> ConstraintData:
     x_h = s.apply(z, grad_h)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
     m = values.shape[0]
-    eye = jnp.eye(m, dtype=values.dtype)
+    eye = np.eye(m)  # numpy: literal constants that XLA can fold, not a hoisted iota
     grads = tuple(f_vjp(eye[i])[0] for i in range(m))
     fields = tuple(s.apply(z, g) for g in grads)
     entries = [[None] * m for _ in range(m)]

@@ -192,7 +192,7 @@ def inverse(c):
         r = 1.0 / (c[0][0] * c[1][1] - c[0][1] * c[1][0])
         return [[c[1][1] * r, -c[0][1] * r], [-c[1][0] * r, c[0][0] * r]]
     mat = jnp.concatenate([jnp.concatenate(row) for row in c]).reshape(k, k)
-    inv = small_solve(mat, jnp.eye(k, dtype=mat.dtype))
+    inv = small_solve(mat, np.eye(k))  # numpy: literal constants XLA can fold
     return [[lax.slice(inv, (a, b), (a + 1, b + 1)).reshape(1) for b in range(k)] for a in range(k)]
 
 
