@@ -66,6 +66,8 @@ def sparse_partials(fn, s):
 
 def _zero_mask_eqn(eqn, ins, out_avals):
     """Elementwise 'is exactly zero' for the outputs of one equation (False when unsure)."""
+    if not out_avals:
+        return []
     name = eqn.primitive.name
     p = eqn.params
     shape = out_avals[0].shape
