@@ -58,12 +58,15 @@ def dirac_multipliers(data: ConstraintData):
     return small_solve(data.matrix.T, jnp.stack(h))
 
 
-def dirac_vector(data: ConstraintData):
-    """X = X_H − Σ_j c_j X_{f_j} with c = C⁻ᵀh (seed 000 eq. 4), from precomputed data."""
+def dirac_vector(data: ConstraintData, multipliers=None):
+    """X = X_H − Σ_j c_j X_{f_j} with c = C⁻ᵀh (seed 000 eq. 4), from precomputed data.
+
+    `multipliers` may pass c when the caller has already computed it.
+    """
     x = data.x_h
     if not data.fields:
         return x
-    c = dirac_multipliers(data)
+    c = dirac_multipliers(data) if multipliers is None else multipliers
     for j, xf in enumerate(data.fields):
         x = jax.tree_util.tree_map(lambda a, b: a - c[j] * b, x, xf)
     return x

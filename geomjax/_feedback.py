@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._derived import constraint_data, dirac_multipliers
+from ._derived import constraint_data, dirac_multipliers, dirac_vector
 from ._dirac import check_constraint_matrix
 from ._field import SystemField, tree_axpy
 from ._system import System
@@ -168,9 +168,7 @@ class FeedbackField(AbstractFeedbackField):
         # reductions into every element of the vector combinations below (measured 4×).
         c, w = lax.optimization_barrier((c, w))
         # Y = X_H − Σ c_j X_{f_j} − L(w_H ∇H + Σ w_i ∇f_i + DIᵀ w_I)
-        x = data.x_h
-        for j, xf in enumerate(data.fields):
-            x = tree_axpy(-c[j], xf, x)
+        x = dirac_vector(data, c)
         grad_v = jax.tree_util.tree_map(lambda g: w[m] * g, data.grad_h)
         for i, g in enumerate(data.grads):
             grad_v = tree_axpy(w[i], g, grad_v)

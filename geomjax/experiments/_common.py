@@ -308,7 +308,3 @@ def format_table(
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(columns), rule, *(line(r) for r in cells)])
-
-
-def print_table(rows: Sequence[Mapping], float_format: str = ".3e", column_formats=None) -> None:
-    print(format_table(rows, float_format, column_formats))
