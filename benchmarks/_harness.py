@@ -71,3 +71,33 @@ def size_arguments(description: str):
     parser.add_argument("--batch", type=int, default=1024, help="initial states under vmap")
     parser.add_argument("--batch-steps", type=int, default=10_000, help="steps of the batched run")
     return parser
+
+
+def compare_fields(fields: dict, x0, xs, steps: int, batch_steps: int, h: float, n: int = 3):
+    """Time each field `x0 ↦ ((q, p) ↦ (q̇, ṗ))` in the same explicit-Euler loop.
+
+    The first entry of `fields` is the reference (the hand-written field). Runs one
+    trajectory from `x0` for `steps` steps and `vmap` over the rows of `xs` for
+    `batch_steps` steps, prints the times with their ratios to the reference and the
+    largest difference of every final state from the reference's, and returns
+    `{name: (single seconds, batched seconds)}`.
+    """
+    times, worst = {}, {}
+    ref_single = ref_batch = None
+    for name, make in fields.items():
+        single = jax.jit(euler_loop(make, steps, h, n))
+        batch = jax.jit(jax.vmap(euler_loop(make, batch_steps, h, n)))
+        end_single, end_batch = single(x0), batch(xs)
+        if ref_single is None:
+            ref_single, ref_batch = end_single, end_batch
+        worst[name] = max(float(jnp.max(jnp.abs(end_single - ref_single))), float(jnp.max(jnp.abs(end_batch - ref_batch))))
+        times[name] = (timeit(single, x0), timeit(batch, xs, repeat=3))
+    ref = next(iter(times.values()))
+    print(f"{'field':<30}{'single [s]':>11}{'ratio':>7}{'ns/step':>9}{'vmap [s]':>10}{'ratio':>7}{'max |Δx|':>10}")
+    for name, (ts, tb) in times.items():
+        print(
+            f"{name:<30}{ts:>11.4f}{ts / ref[0]:>7.2f}{ts / steps * 1e9:>9.1f}{tb:>10.4f}{tb / ref[1]:>7.2f}"
+            f"{worst[name]:>10.1e}"
+        )
+    print(f"(single: {steps} steps; vmap: {xs.shape[0]} states × {batch_steps} steps)")
+    return times

@@ -9,15 +9,14 @@ and for `vmap` over 1024 initial states (1e4 steps).
 Run: `python benchmarks/nonholonomic_vs_hand.py` (prints times and derived/hand ratios).
 """
 
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import functools
-
 import geomjax
-from _harness import euler_loop, size_arguments, timeit
+from _harness import compare_fields, size_arguments, timeit
 
 GAINS = (10.0, 10.0, 10.0)  # k_J, k_H, k_pφ
 H_STEP = 1e-3
@@ -72,13 +71,11 @@ def hand_field(model, x0):
     return field
 
 
-def derived_field(model, x0):
+def derived_field(model, x0, simplified=True):
     y = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(GAINS))
-    return lambda q, p: y.rhs((q, p))
-
-
-
-
+    if simplified:
+        return lambda q, p: y.rhs((q, p))
+    return lambda q, p: y.vector((q, p))  # as traced from the autodiff derivation
 
 
 def initial_states(model, n, key):
@@ -98,36 +95,27 @@ def main(argv=None):
     args = size_arguments(__doc__.splitlines()[0]).parse_args(argv)
     model = geomjax.models.knife_edge()
     x0 = model.x0
-
-    single_hand = jax.jit(euler_loop(functools.partial(hand_field, model), args.steps, H_STEP))
-    single_derived = jax.jit(euler_loop(functools.partial(derived_field, model), args.steps, H_STEP))
-    xh, xd = single_hand(x0), single_derived(x0)
-    agree = float(jnp.max(jnp.abs(xh - xd)))
-    t_hand = timeit(single_hand, x0)
-    t_der = timeit(single_derived, x0)
-    y = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(GAINS))
-    integ = jax.jit(lambda x: geomjax.integrate(y, x, dt=H_STEP, steps=args.steps, save_every=args.steps).xs[-1])
-    t_int = timeit(integ, x0)
-    rows = [(f"single, {args.steps:.0e} steps", t_hand, t_der, t_int)]
-
     xs = initial_states(model, args.batch, jax.random.PRNGKey(0))
-    batch_hand = jax.jit(jax.vmap(euler_loop(functools.partial(hand_field, model), args.batch_steps, H_STEP)))
-    batch_derived = jax.jit(jax.vmap(euler_loop(functools.partial(derived_field, model), args.batch_steps, H_STEP)))
-    agree_b = float(jnp.max(jnp.abs(batch_hand(xs) - batch_derived(xs))))
-    t_bh = timeit(batch_hand, xs, repeat=3)
-    t_bd = timeit(batch_derived, xs, repeat=3)
-    rows.append((f"vmap {args.batch}, {args.batch_steps:.0e} steps", t_bh, t_bd, None))
-
     print("knife edge, nonholonomic feedback field, explicit Euler, h = 1e-3, gains (k_J, k_H, k_p) = 10")
-    print(f"derived vs hand-written final states agree to {agree:.2e} (single), {agree_b:.2e} (batch)")
-    print(f"{'case':<26}{'hand [s]':>11}{'derived [s]':>13}{'ratio':>8}{'integrate [s]':>15}{'ratio':>8}")
-    for name, th, td, ti in rows:
-        tail = f"{ti:>15.4f}{ti / th:>8.2f}" if ti is not None else ""
-        print(f"{name:<26}{th:>11.4f}{td:>13.4f}{td / th:>8.2f}{tail}")
-    n1, nb = args.steps, args.batch * args.batch_steps
+    times = compare_fields(
+        {
+            "hand-written": functools.partial(hand_field, model),
+            "derived (geomjax rhs)": functools.partial(derived_field, model),
+            "derived, not simplified": functools.partial(derived_field, model, simplified=False),
+        },
+        x0,
+        xs,
+        args.steps,
+        args.batch_steps,
+        H_STEP,
+    )
+    y = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(GAINS))
+    run = lambda x: geomjax.integrate(y, x, dt=H_STEP, steps=args.steps, save_every=args.steps).xs[-1]
+    t_eager, t_jit = timeit(run, x0), timeit(jax.jit(run), x0)
+    hand = times["hand-written"][0]
     print(
-        f"per step: hand {t_hand / n1 * 1e9:.0f} ns, derived {t_der / n1 * 1e9:.0f} ns; batched throughput: "
-        f"hand {nb / t_bh:.3g}, derived {nb / t_bd:.3g} trajectory-steps/s"
+        f"geomjax.integrate, single: {t_eager:.4f} s called directly ({t_eager / hand:.2f}x hand), "
+        f"{t_jit:.4f} s inside jit ({t_jit / hand:.2f}x)"
     )
 
 

@@ -34,7 +34,7 @@ class DiracField(SystemField):
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)
 
-    def rhs(self, z):
+    def vector(self, z):
         return dirac_vector(constraint_data(self.system, z))
 
 

@@ -150,7 +150,7 @@ class FeedbackField(AbstractFeedbackField):
     def quantities(self, x):
         return self.system.conserved_quantities(x)
 
-    def rhs(self, z):
+    def vector(self, z):
         s = self.system.structure
         system = self.system
         data = constraint_data(system, z)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 
+from ._scalar_graph import scalar_graph
+
 
 class AbstractField(eqx.Module):
     """A vector field x ↦ ẋ.
@@ -39,9 +41,21 @@ class AbstractField(eqx.Module):
 
 
 class SystemField(AbstractField):
-    """Base of fields derived from a `geomjax.System`: pieces come from its structure."""
+    """Base of fields derived from a `geomjax.System`: pieces come from its structure.
+
+    Subclasses give `vector(z)`, the field as derived by autodiff; `rhs` evaluates it
+    through its simplified scalar expression graph (`geomjax._scalar_graph`), which drops
+    what the derivation computed but the field does not need.
+    """
 
     system: eqx.AbstractVar[object]
+
+    @abc.abstractmethod
+    def vector(self, z):
+        """ẋ in pieces as derived from the system's functions, for a state in pieces."""
+
+    def rhs(self, z):
+        return scalar_graph(self.vector, z)
 
     def split(self, x):
         return self.system.structure.split(x)

@@ -50,20 +50,35 @@ def _looks_like_step(fn) -> bool:
     return len(required) == 2
 
 
+# The loop's bookkeeping (steps taken, first failed step, status) rides in the carry as
+# one int32 array: XLA's CPU runtime runs a loop whose carry holds three or more separate
+# scalars several times slower (measured 21 → 140 ns per step of the spherical pendulum).
+_STEPS, _FAILED_STEP, _STATUS = 0, 1, 2
+
+
+def _initial_record():
+    return jnp.array([0, -1, SUCCESS], dtype=jnp.int32)
+
+
 @eqx.filter_jit
 def _scan_blocks(step: AbstractStep, carry, dt, n_blocks: int, block: int, checkpoint: bool):
-    """Run `n_blocks × block` steps; save the flat state after every block."""
+    """Run `n_blocks × block` steps; save the flat state after every block.
+
+    `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
+    """
 
     def one_step(c, _):
-        z, k, failed_step, status = c
+        z, record = c
         z_next, step_status = step.advance(z, dt)
         step_status = jnp.where(
             step_status != SUCCESS, step_status, jnp.where(_all_finite(z_next), SUCCESS, NONFINITE)
         ).astype(jnp.int32)
-        first = (failed_step < 0) & (step_status != SUCCESS)
-        failed_step = jnp.where(first, k + 1, failed_step)
-        status = jnp.where(first, step_status, status)
-        return (z_next, k + 1, failed_step, status), None
+        k = record[_STEPS] + 1
+        first = (record[_FAILED_STEP] < 0) & (step_status != SUCCESS)
+        record = jnp.stack(
+            [k, jnp.where(first, k, record[_FAILED_STEP]), jnp.where(first, step_status, record[_STATUS])]
+        )
+        return (z_next, record), None
 
     def run_block(c):
         c, _ = lax.scan(one_step, c, None, length=block)
@@ -80,8 +95,7 @@ def _scan_blocks(step: AbstractStep, carry, dt, n_blocks: int, block: int, check
 
 
 def _run_fixed(step, x0, dt, t0, steps, save_every, checkpoint, progress):
-    z0 = step.split(x0)
-    carry = (z0, jnp.asarray(0, jnp.int32), jnp.asarray(-1, jnp.int32), jnp.asarray(SUCCESS, jnp.int32))
+    carry = (step.split(x0), _initial_record())
     n_saves = steps // save_every
     chunks = _progress_chunks(n_saves) if (progress and is_concrete((x0, dt))) else [n_saves]
     pieces = []
@@ -95,7 +109,8 @@ def _run_fixed(step, x0, dt, t0, steps, save_every, checkpoint, progress):
         bar.close()
     xs = jnp.concatenate([x0[None, :]] + pieces, axis=0)
     ts = t0 + dt * save_every * jnp.arange(n_saves + 1, dtype=x0.dtype)
-    _, k, failed_step, status = carry
+    record = carry[1]
+    k, failed_step, status = record[_STEPS], record[_FAILED_STEP], record[_STATUS]
     completed = jnp.where(failed_step > 0, failed_step - 1, k)
     return Solution(ts, xs, status, failed_step, jnp.asarray(dt), jnp.asarray(t0), completed)
 

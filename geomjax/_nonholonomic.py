@@ -352,7 +352,7 @@ class NonholonomicField(SystemField):
     def check(self, x0) -> None:
         _check_matrix_at(self.system, x0)
 
-    def rhs(self, z):
+    def vector(self, z):
         parts = _Parts(self.system, z)
         s = parts.explode(z)
         x_h, _, _, lam, *_ = parts.field(s, z)
@@ -506,7 +506,7 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
         dd = self.system.structure.embedding_defect(self.split(x)[0]).reshape(-1)
         return 0.25 * self.embedding_gain * jnp.sum(dd * dd)
 
-    def rhs(self, z):
+    def vector(self, z):
         parts = _Parts(self.system, z)
         s = parts.explode(z)
         k0 = self.embedding_gain
