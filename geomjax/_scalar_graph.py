@@ -69,7 +69,7 @@ _ELEMENTWISE = set(_FOLD) | {
     "integer_pow", "pow", "rsqrt", "tan", "tanh", "atan2", "asin", "acos", "atan", "sinh", "cosh",
     "log1p", "expm1", "logistic", "square", "exp2", "erf", "cbrt", "convert_element_type",
     "select_n", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "is_finite", "floor", "ceil",
-    "round", "nextafter", "rem", "clamp", "copy", "copy_p", "stop_gradient", "real", "imag",
+    "round", "nextafter", "rem", "clamp", "copy", "copy_p",
 }
 
 
