@@ -47,9 +47,14 @@ def small_solve(a, b):
     rhs = [b[i] for i in range(m)]
     for col in range(m):
         # Partial pivoting: bring the row with the largest |entry| in this column up.
+        # The choice is made with comparisons and selects only (no indexing by a traced
+        # integer), so the elimination also expands into a scalar graph.
         mags = jnp.stack([jnp.abs(rows[r][col]) for r in range(col, m)])
         best = jnp.argmax(mags)
-        chosen, chosen_rhs = jnp.stack(rows[col:])[best], jnp.stack(rhs[col:])[best]
+        chosen, chosen_rhs = rows[col], rhs[col]
+        for r in range(col + 1, m):
+            chosen = jnp.where(best == (r - col), rows[r], chosen)
+            chosen_rhs = jnp.where(best == (r - col), rhs[r], chosen_rhs)
         swapped = [jnp.where(best == (r - col), rows[col], rows[r]) for r in range(col, m)]
         swapped_rhs = [jnp.where(best == (r - col), rhs[col], rhs[r]) for r in range(col, m)]
         rows = rows[:col] + [chosen] + swapped[1:]

@@ -31,11 +31,15 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
-# Functions of more input scalars than this, or whose graph grows past this many nodes,
-# are evaluated unchanged: the expansion is quadratic in the state dimension for the
-# Jacobians of derived fields, and compile time would grow faster than the savings.
+# Functions of more input scalars than this, whose expansion grows past MAX_NODES nodes,
+# or whose simplified graph still needs more than MAX_OPERATIONS scalar operations are
+# evaluated unchanged: the expansion is quadratic in the state dimension for the Jacobians
+# of derived fields, and past a few thousand scalar operations XLA's compile time grows
+# faster than the savings (a 32-dimensional state with 8 constraints compiled in 9.5 s as
+# scalars against 2.4 s as derived).
 MAX_INPUTS = 64
 MAX_NODES = 20_000
+MAX_OPERATIONS = 2_000
 
 
 class _Unsupported(Exception):
@@ -355,6 +359,8 @@ class _Expander:
             return [self._reduce(x, params["axes"], "add")]
         if name in ("reduce_max", "reduce_min"):
             return [self._reduce(x, params["axes"], name[len("reduce_") :])]
+        if name == "argmax" and tuple(params["axes"]) == (0,) and x.ndim == 1:
+            return [self._argmax(x, params["index_dtype"])]
         if name == "dot_general":
             return [self._dot_general(invals[0], invals[1], params, out_avals[0].dtype)]
         raise _Unsupported(name)
@@ -414,6 +420,16 @@ class _Expander:
             out[idx] = self._sum(list(moved[idx]), how, dtype)
         return out
 
+    def _argmax(self, x, index_dtype):
+        """The first index of the largest entry, as a chain of comparisons and selects."""
+        g = self.graph
+        best_value, best_index = int(x[0]), g.const(np.zeros((), index_dtype))
+        for i in range(1, x.shape[0]):
+            better = g.op(lax.gt_p, {}, (int(x[i]), best_value), np.bool_)
+            best_index = g.op(lax.select_n_p, {}, (better, best_index, g.const(np.asarray(i, index_dtype))), index_dtype)
+            best_value = g.op(lax.select_n_p, {}, (better, best_value, int(x[i])), g.dtypes[best_value])
+        return np.asarray(best_index, dtype=np.int64)
+
     def dtype_of(self, ids):
         ids = np.asarray(ids)
         return self.graph.dtypes[int(ids.reshape(-1)[0])] if ids.size else np.dtype(np.float64)
@@ -443,7 +459,8 @@ class _Expander:
 
 
 def _emit(graph: _Graph, outputs, leaves, out_avals):
-    """Evaluate the nodes the outputs need, as scalar JAX operations."""
+    """Evaluate the nodes the outputs need, as scalar JAX operations (None when there are
+    more than `MAX_OPERATIONS` of them)."""
     needed = set()
     stack = [int(i) for o in outputs for i in np.asarray(o).reshape(-1)]
     while stack:
@@ -454,6 +471,8 @@ def _emit(graph: _Graph, outputs, leaves, out_avals):
         node = graph.nodes[i]
         if not isinstance(node[0], str):
             stack.extend(node[2])
+    if sum(not isinstance(graph.nodes[i][0], str) for i in needed) > MAX_OPERATIONS:
+        return None
     values = {}
     for i in sorted(needed):
         node = graph.nodes[i]
@@ -485,12 +504,17 @@ def scalar_graph(fn: Callable, *args):
     **Arguments:**
 
     - `fn`: a function of arrays (a pytree of arrays out).
-    - `args`: the arrays (pytrees of arrays) to evaluate it at.
+    - `args`: the arrays (pytrees of arrays) to evaluate it at; concrete (untraced)
+      arrays are folded into the graph as constants.
 
     **Returns:**
 
     The value of `fn(*args)`. When `fn` holds an operation the expansion does not handle,
-    or expands to more than `MAX_NODES` scalars, `fn(*args)` itself.
+    or exceeds one of the size limits (`MAX_INPUTS`, `MAX_NODES`, `MAX_OPERATIONS`),
+    `fn(*args)` itself.
+
+    Example: `scalar_graph(jax.grad(lambda x: 0.5 * x @ x), x)` is `x` itself, with no
+    arithmetic left.
     """
     flat_args, in_tree = jax.tree_util.tree_flatten(args)
     specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in flat_args]
@@ -508,6 +532,9 @@ def scalar_graph(fn: Callable, *args):
         leaves = []
         arrays = []
         for a in flat_args:
+            if not isinstance(a, jax.core.Tracer):  # a concrete argument (a step size) folds
+                arrays.append(expander.constant_array(np.asarray(a)))
+                continue
             ids = np.empty(jnp.shape(a), dtype=np.int64)
             dtype = jnp.result_type(a)
             for idx in np.ndindex(ids.shape):
@@ -529,6 +556,8 @@ def scalar_graph(fn: Callable, *args):
         return fn(*args)
     scalars = _LazyLeaves(leaves)
     results = _emit(graph, outputs, scalars, out_leaves)
+    if results is None:
+        return fn(*args)
     return jax.tree_util.tree_unflatten(out_tree, results)
 
 

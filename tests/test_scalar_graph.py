@@ -165,3 +165,22 @@ def test_unknown_operations_and_large_inputs_fall_back(rng):
     big = jnp.asarray(rng.standard_normal(MAX_INPUTS + 1))
     ops = _emitted(lambda v: 0.0 * v + v, big)
     assert "mul" in ops  # evaluated unchanged
+
+
+def test_several_constraints_expand_through_the_pivoting_solve(rng):
+    """Two holonomic constraints give a 4×4 C, solved by unrolled elimination with partial
+    pivoting (argmax and selects); the graph expands it and keeps the values."""
+    n = 4
+    mass = jnp.asarray(np.eye(n) + 0.2 * np.ones((n, n)))
+    inverse_mass = jnp.linalg.inv(mass)
+    system = geomjax.System(
+        lambda x: 0.5 * x[n:] @ (inverse_mass @ x[n:]) + jnp.sum(jnp.cos(x[:n])),
+        geomjax.canonical(n),
+        holonomic=lambda q: jnp.stack([q[0] ** 2 + q[1] ** 2 - 1.0, q[2] ** 2 + q[3] ** 2 - 1.0]),
+    )
+    field = geomjax.dirac_field(system)
+    x = jnp.asarray(np.concatenate([[0.6, 0.8, 0.8, -0.6], 0.1 * rng.standard_normal(n)]) + 0.05 * rng.standard_normal(2 * n))
+    z = field.split(x)
+    np.testing.assert_allclose(field.merge(field.rhs(z)), field.merge(field.vector(z)), rtol=1e-12, atol=1e-13)
+    ops = _emitted(field.vector, z)
+    assert "argmax" not in ops and "gt" in ops and "select_n" in ops, set(ops)
