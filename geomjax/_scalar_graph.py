@@ -137,9 +137,9 @@ class _Graph:
         """The constant value of node i, or None."""
         return self.constants.get(i)
 
-    def _raw(self, name, args, dtype, params=None):
-        prim = _PRIMITIVES[name] if params is None else params[0]
-        params = {} if params is None else params[1]
+    def _raw(self, name, args, dtype, call=None):
+        """The node `name(*args)` as it is; `call` = (primitive, params) unless plain arithmetic."""
+        prim, params = (_PRIMITIVES[name], {}) if call is None else call
         if name in _COMMUTATIVE:
             args = tuple(sorted(args))
         return self._add((name, _params_key(params), tuple(args)), (prim, params, tuple(args)), dtype)
@@ -316,7 +316,7 @@ class _Expander:
             for idx in np.ndindex(shape):
                 out[idx] = g.op(eqn.primitive, params, tuple(int(a[idx]) for a in arrays), dtype)
             return [out]
-        if name in ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint"):
+        if name in ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint"):
             return self._closed(params.get("jaxpr") or params["call_jaxpr"], invals)
         if name == "optimization_barrier":
             return list(invals)
@@ -365,14 +365,14 @@ class _Expander:
             return [self._dot_general(invals[0], invals[1], params, out_avals[0].dtype)]
         raise _Unsupported(name)
 
-    def _closed(self, closed, invals):
-        consts = [self.constant_or_leaf(c) for c in closed.consts]
-        return self.run(closed.jaxpr, consts, invals)
-
-    def constant_or_leaf(self, c):
-        if isinstance(c, jax.core.Tracer):
-            raise _Unsupported("traced constant inside a call")
-        return self.constant_array(np.asarray(c))
+    def _closed(self, sub, invals):
+        """Inline a called jaxpr (closed, as `jit` gives it, or open, as `checkpoint`)."""
+        if not hasattr(sub, "consts"):
+            return self.run(sub, [], invals)
+        for c in sub.consts:
+            if isinstance(c, jax.core.Tracer):
+                raise _Unsupported("traced constant inside a call")
+        return self.run(sub.jaxpr, [self.constant_array(np.asarray(c)) for c in sub.consts], invals)
 
     def _pad(self, x, pad_value, config):
         value = int(np.asarray(pad_value).reshape(()))
