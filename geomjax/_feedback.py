@@ -166,6 +166,8 @@ class FeedbackField(AbstractFeedbackField):
         c = dirac_multipliers(data) if m else jnp.zeros((0,), w.dtype)
         # The scalar coefficients are computed once: without the barrier XLA fuses their
         # reductions into every element of the vector combinations below (measured 4×).
+        # This matters when the field is evaluated as derived (systems the scalar graph
+        # leaves alone); the graph itself drops the barrier.
         c, w = lax.optimization_barrier((c, w))
         # Y = X_H − Σ c_j X_{f_j} − L(w_H ∇H + Σ w_i ∇f_i + DIᵀ w_I)
         x = dirac_vector(data, c)
