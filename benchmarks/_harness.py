@@ -101,3 +101,17 @@ def compare_fields(fields: dict, x0, xs, steps: int, batch_steps: int, h: float,
         )
     print(f"(single: {steps} steps; vmap: {xs.shape[0]} states × {batch_steps} steps)")
     return times
+
+
+def time_integrate(field, x0, h: float, steps: int, reference_seconds: float) -> float:
+    """Time `geomjax.integrate(field, x0, ...)` for one trajectory, called directly and
+    inside `jax.jit`; print both against `reference_seconds`; return the direct time."""
+    import geomjax
+
+    run = lambda x: geomjax.integrate(field, x, dt=h, steps=steps, save_every=steps).xs[-1]
+    direct, jitted = timeit(run, x0), timeit(jax.jit(run), x0)
+    print(
+        f"geomjax.integrate, single: {direct:.4f} s called directly ({direct / reference_seconds:.2f}x hand), "
+        f"{jitted:.4f} s inside jit ({jitted / reference_seconds:.2f}x)"
+    )
+    return direct

@@ -13,9 +13,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _harness import (
+    compare_fields,
+    size_arguments,
+    sphere_states,
+    time_integrate,
+    timeit,
+)
 
 import geomjax
-from _harness import compare_fields, size_arguments, sphere_states, timeit
 
 M = G = 1.0
 K = 50.0
@@ -77,13 +83,7 @@ def main(argv=None):
         h,
     )
     y = geomjax.feedback_field(model.system, x0, gains=K)
-    run = lambda x: geomjax.integrate(y, x, dt=h, steps=args.steps, save_every=args.steps).xs[-1]
-    t_eager, t_jit = timeit(run, x0), timeit(jax.jit(run), x0)
-    hand = times["hand-written eqs. (7)-(8)"][0]
-    print(
-        f"geomjax.integrate, single: {t_eager:.4f} s called directly ({t_eager / hand:.2f}x hand), "
-        f"{t_jit:.4f} s inside jit ({t_jit / hand:.2f}x)"
-    )
+    time_integrate(y, x0, h, args.steps, times["hand-written eqs. (7)-(8)"][0])
     scipy_comparison(model, y, h)
 
 

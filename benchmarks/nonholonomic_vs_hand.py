@@ -14,9 +14,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _harness import compare_fields, size_arguments, time_integrate
 
 import geomjax
-from _harness import compare_fields, size_arguments, timeit
 
 GAINS = (10.0, 10.0, 10.0)  # k_J, k_H, k_pφ
 H_STEP = 1e-3
@@ -110,13 +110,7 @@ def main(argv=None):
         H_STEP,
     )
     y = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(GAINS))
-    run = lambda x: geomjax.integrate(y, x, dt=H_STEP, steps=args.steps, save_every=args.steps).xs[-1]
-    t_eager, t_jit = timeit(run, x0), timeit(jax.jit(run), x0)
-    hand = times["hand-written"][0]
-    print(
-        f"geomjax.integrate, single: {t_eager:.4f} s called directly ({t_eager / hand:.2f}x hand), "
-        f"{t_jit:.4f} s inside jit ({t_jit / hand:.2f}x)"
-    )
+    time_integrate(y, x0, H_STEP, args.steps, times["hand-written"][0])
 
 
 if __name__ == "__main__":

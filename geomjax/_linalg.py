@@ -51,14 +51,14 @@ def small_solve(a, b):
         # integer), so the elimination also expands into a scalar graph.
         mags = jnp.stack([jnp.abs(rows[r][col]) for r in range(col, m)])
         best = jnp.argmax(mags)
+        picked = {r: best == (r - col) for r in range(col + 1, m)}
         chosen, chosen_rhs = rows[col], rhs[col]
-        for r in range(col + 1, m):
-            chosen = jnp.where(best == (r - col), rows[r], chosen)
-            chosen_rhs = jnp.where(best == (r - col), rhs[r], chosen_rhs)
-        swapped = [jnp.where(best == (r - col), rows[col], rows[r]) for r in range(col, m)]
-        swapped_rhs = [jnp.where(best == (r - col), rhs[col], rhs[r]) for r in range(col, m)]
-        rows = rows[:col] + [chosen] + swapped[1:]
-        rhs = rhs[:col] + [chosen_rhs] + swapped_rhs[1:]
+        for r, pick in picked.items():
+            chosen = jnp.where(pick, rows[r], chosen)
+            chosen_rhs = jnp.where(pick, rhs[r], chosen_rhs)
+        # the pivot row moves up; the row it came from receives the old row `col`
+        rows = rows[:col] + [chosen] + [jnp.where(pick, rows[col], rows[r]) for r, pick in picked.items()]
+        rhs = rhs[:col] + [chosen_rhs] + [jnp.where(pick, rhs[col], rhs[r]) for r, pick in picked.items()]
         pivot = rows[col][col]
         rows[col] = rows[col] / pivot
         rhs[col] = rhs[col] / pivot

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._field import AbstractField, SystemField, as_field
+from ._field import AbstractField, SystemField, as_field, tree_axpy
 from ._step import FieldStep, ok_status
 
 
@@ -62,28 +62,22 @@ class ExplicitRungeKutta(FieldStep):
     tableau: ButcherTableau
 
     def advance(self, z, h):
-        tab = self.tableau
-        if tab.stages == 1:
-            k = self.field.rhs(z)
-            return jax.tree_util.tree_map(lambda a, b: a + (h * tab.b[0]) * b, z, k), ok_status()
-        if isinstance(self.field, SystemField):
+        if self.tableau.stages == 1 or isinstance(self.field, SystemField):
             return self._written_out(z, h), ok_status()
         return self._looped(z, h), ok_status()
 
     def _written_out(self, z, h):
-        tab = self.tableau
-        ks = []
-        for row in tab.a:
-            stage = z
-            for coeff, k in zip(row, ks):
+        def combine(coeffs, ks):
+            out = z
+            for coeff, k in zip(coeffs, ks):
                 if coeff:
-                    stage = jax.tree_util.tree_map(lambda s, kk, c=coeff: s + (h * c) * kk, stage, k)
-            ks.append(self.field.rhs(stage))
-        out = z
-        for coeff, k in zip(tab.b, ks):
-            if coeff:
-                out = jax.tree_util.tree_map(lambda s, kk, c=coeff: s + (h * c) * kk, out, k)
-        return out
+                    out = tree_axpy(h * coeff, k, out)
+            return out
+
+        ks = []
+        for row in self.tableau.a:
+            ks.append(self.field.rhs(combine(row, ks)))
+        return combine(self.tableau.b, ks)
 
     def _looped(self, z, h):
         tab = self.tableau

@@ -415,7 +415,7 @@ class _Expander:
         lead = moved.shape[: len(keep)]
         moved = moved.reshape(lead + (-1,))
         out = np.empty(lead, dtype=np.int64)
-        dtype = self.dtype_of(moved)
+        dtype = self.graph.dtypes[int(moved.reshape(-1)[0])] if moved.size else np.dtype(np.float64)
         for idx in np.ndindex(lead):
             out[idx] = self._sum(list(moved[idx]), how, dtype)
         return out
@@ -429,10 +429,6 @@ class _Expander:
             best_index = g.op(lax.select_n_p, {}, (better, best_index, g.const(np.asarray(i, index_dtype))), index_dtype)
             best_value = g.op(lax.select_n_p, {}, (better, best_value, int(x[i])), g.dtypes[best_value])
         return np.asarray(best_index, dtype=np.int64)
-
-    def dtype_of(self, ids):
-        ids = np.asarray(ids)
-        return self.graph.dtypes[int(ids.reshape(-1)[0])] if ids.size else np.dtype(np.float64)
 
     def _dot_general(self, lhs, rhs, params, dtype):
         (lc, rc), (lb, rb) = params["dimension_numbers"]
@@ -479,7 +475,8 @@ def _emit(graph: _Graph, outputs, leaves, out_avals):
         if node[0] == "const":
             values[i] = node[1]  # a numpy scalar: a literal XLA can fold
         elif node[0] == "leaf":
-            values[i] = leaves[node[1]]
+            array, idx = leaves[node[1]]  # each leaf is one node, so sliced once
+            values[i] = array[idx] if idx else array
         else:
             prim, params, args = node
             operands = [values[a] for a in args]
@@ -529,47 +526,25 @@ def scalar_graph(fn: Callable, *args):
     try:
         graph = _Graph()
         expander = _Expander(graph)
-        leaves = []
-        arrays = []
-        for a in flat_args:
-            if not isinstance(a, jax.core.Tracer):  # a concrete argument (a step size) folds
-                arrays.append(expander.constant_array(np.asarray(a)))
-                continue
-            ids = np.empty(jnp.shape(a), dtype=np.int64)
-            dtype = jnp.result_type(a)
-            for idx in np.ndindex(ids.shape):
-                ids[idx] = graph.leaf(len(leaves), dtype)
-                leaves.append((a, idx))
-            arrays.append(ids)
-        consts = []
-        for c in closed.consts:
-            if isinstance(c, jax.core.Tracer):
-                ids = np.empty(jnp.shape(c), dtype=np.int64)
-                for idx in np.ndindex(ids.shape):
-                    ids[idx] = graph.leaf(len(leaves), c.dtype, varying=False)
-                    leaves.append((c, idx))
-                consts.append(ids)
-            else:
-                consts.append(expander.constant_array(np.asarray(c)))
+        leaves = []  # (array, index) of every input scalar, in leaf order
+        arrays = [_input(expander, leaves, a, varying=True) for a in flat_args]
+        consts = [_input(expander, leaves, c, varying=False) for c in closed.consts]
         outputs = expander.run(closed.jaxpr, consts, arrays)
     except _Unsupported:
         return fn(*args)
-    scalars = _LazyLeaves(leaves)
-    results = _emit(graph, outputs, scalars, out_leaves)
+    results = _emit(graph, outputs, leaves, out_leaves)
     if results is None:
         return fn(*args)
     return jax.tree_util.tree_unflatten(out_tree, results)
 
 
-class _LazyLeaves:
-    """Scalar entries of the inputs, sliced out on first use."""
-
-    def __init__(self, leaves):
-        self.leaves = leaves
-        self.cache = {}
-
-    def __getitem__(self, k):
-        if k not in self.cache:
-            array, idx = self.leaves[k]
-            self.cache[k] = array[idx] if idx else jnp.asarray(array)
-        return self.cache[k]
+def _input(expander, leaves, value, varying):
+    """Node ids for an input array: constants if it is concrete, else one leaf per entry
+    (`varying`: an entry of the state rather than a parameter closed over)."""
+    if not isinstance(value, jax.core.Tracer):
+        return expander.constant_array(np.asarray(value))
+    ids = np.empty(jnp.shape(value), dtype=np.int64)
+    for idx in np.ndindex(ids.shape):
+        ids[idx] = expander.graph.leaf(len(leaves), value.dtype, varying)
+        leaves.append((value, idx))
+    return ids
