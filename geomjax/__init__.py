@@ -10,7 +10,7 @@ from ._bracket import bracket as bracket, hamiltonian_vector_field as hamiltonia
 from ._diffrax_adapter import StepSolver as StepSolver
 from ._dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
 from ._feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
-from ._field import AbstractField as AbstractField
+from ._field import AbstractField as AbstractField, TimeField as TimeField
 from ._integrate import integrate as integrate
 from ._methods import method_names as method_names, method_order as method_order, register_method as register_method
 from ._runge_kutta import (
@@ -23,6 +23,7 @@ from ._runge_kutta import (
     explicit_rk as explicit_rk,
 )
 from ._solution import IntegrationError as IntegrationError, Solution as Solution
+from ._status import RESULTS as RESULTS
 from ._step import AbstractStep as AbstractStep, FunctionStep as FunctionStep
 from ._structures import (
     AbstractPoissonStructure as AbstractPoissonStructure,

@@ -6,7 +6,8 @@ from typing import ClassVar
 import diffrax
 import jax.numpy as jnp
 
-from ._step import SUCCESS, AbstractStep, FunctionStep
+from ._status import RESULTS
+from ._step import AbstractStep, FunctionStep
 
 
 class StepSolver(diffrax.AbstractSolver):
@@ -55,11 +56,11 @@ class StepSolver(diffrax.AbstractSolver):
         return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        del terms, args, solver_state, made_jump
-        z1, status = self.step_map.advance(self.step_map.split(y0), t1 - t0)
+        del terms, solver_state, made_jump
+        z1, status = self.step_map.advance(t0, self.step_map.split(y0), t1 - t0, args)
         y1 = self.step_map.merge(z1)
         result = diffrax.RESULTS.where(
-            jnp.asarray(status) == SUCCESS,
+            status == RESULTS.successful,
             diffrax.RESULTS.successful,
             diffrax.RESULTS.nonlinear_divergence,
         )

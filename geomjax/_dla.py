@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from ._newton import newton_solve
 from ._linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
-from ._step import NEWTON_FAILED, SUCCESS, SystemStep
+from ._step import SystemStep, newton_status
 from ._structures import CanonicalStructure
 from ._system import System
 
@@ -29,7 +29,7 @@ from ._system import System
 class DiscreteLagrangeDAlembert(SystemStep):
     """The McLachlan–Perlmutter DLA step on the pieces (q, p); built by `geomjax.dla(system)`.
 
-    `advance(z, h)` returns `(z_next, status)`, status `NEWTON_FAILED` when the implicit
+    `advance(t, z, h, args)` returns `(z_next, status)`, status `NEWTON_FAILED` when the implicit
     solve did not converge (then `geomjax.integrate` reports the step).
     """
 
@@ -50,7 +50,8 @@ class DiscreteLagrangeDAlembert(SystemStep):
         w = jnp.asarray(self.system.nonholonomic(q))
         return w[None, :] if w.ndim == 1 else w
 
-    def advance(self, z, h):
+    def advance(self, t, z, h, args):
+        del t, args
         q0, p0 = z
         h_q = jax.grad(self._energy, argnums=0)
         h_p = jax.grad(self._energy, argnums=1)
@@ -73,7 +74,7 @@ class DiscreteLagrangeDAlembert(SystemStep):
         guess = (q_guess, p_guess, jnp.zeros((k,), p0.dtype))
         sol = newton_solve(residual, guess, rtol=self.rtol, atol=self.atol, max_iter=self.max_iter)
         q1, p1, _ = sol.value
-        status = jnp.where(sol.converged, SUCCESS, NEWTON_FAILED).astype(jnp.int32)
+        status = newton_status(sol.converged)
         return (q1, p1), status
 
 

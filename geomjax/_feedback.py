@@ -13,6 +13,7 @@ from ._derived import constraint_data, dirac_multipliers, dirac_vector
 from ._dirac import check_constraint_matrix
 from ._field import SystemField, tree_axpy
 from ._system import System
+from ._monitored import START_TOL, check_on_constraint_set
 from ._validate import as_state, is_concrete
 
 
@@ -50,37 +51,43 @@ def _gain_array(gains, m: int):
     return k
 
 
-def _check_metric(metric, dim):
-    if metric is None or callable(metric):
+def _require_spd(ell: np.ndarray, what: str) -> None:
+    if not np.all(np.isfinite(ell)):
+        raise ValueError(f"{what} must be finite")
+    if not np.allclose(ell, ell.T, rtol=1e-12, atol=0.0):
+        raise ValueError(f"{what} must be symmetric (L = Lᵀ); its largest asymmetry is {np.abs(ell - ell.T).max():.3g}")
+    smallest = np.linalg.eigvalsh(0.5 * (ell + ell.T)).min()
+    if smallest <= 0:
+        raise ValueError(f"{what} must be positive definite; its smallest eigenvalue is {smallest:.3g}")
+
+
+def _check_metric(metric, x0, dim):
+    """A metric L as given (None: the identity), checked where its values are known: a
+    positive scalar, or a symmetric positive-definite (dim, dim) matrix, or a callable
+    x ↦ L(x) whose value at x0 is one of those."""
+    if x0 is not None:
+        dim = x0.shape[0]
+    if metric is None:
+        return None
+    if callable(metric):
+        if x0 is None:
+            return metric
+        value = jnp.asarray(metric(x0))
+        if value.ndim not in (0, 2) or (value.ndim == 2 and value.shape != (dim, dim)):
+            raise ValueError(f"the metric callable must return a scalar or a ({dim}, {dim}) matrix, got shape {tuple(value.shape)}")
+        if is_concrete(value):
+            _require_spd(np.atleast_2d(np.asarray(value)), "the metric L(x0)")
         return metric
     ell = jnp.asarray(metric, dtype=jnp.float64)
     if ell.ndim == 0:
-        if is_concrete(ell) and float(ell) <= 0:
-            raise ValueError(f"metric L must be positive, got {float(ell)}")
+        if is_concrete(ell) and not float(ell) > 0:
+            raise ValueError(f"metric L must be a positive scalar, got {float(ell)}")
         return ell
     if ell.shape != (dim, dim):
         raise ValueError(f"metric L has shape {tuple(ell.shape)}, expected ({dim}, {dim})")
-    if is_concrete(ell) and np.linalg.eigvalsh(np.asarray(ell)).min() <= 0:
-        raise ValueError("metric L must be symmetric positive definite")
+    if is_concrete(ell):
+        _require_spd(np.asarray(ell), "metric L")
     return ell
-
-
-def _check_on_holonomic(system: System, x0, tol=1e-8):
-    if system.holonomic is None or not is_concrete(x0):
-        return
-    f = system.constraint_functions(x0)
-    if not is_concrete(f):  # the system's parameters are traced: nothing to check eagerly
-        return
-    f = np.asarray(f)
-    k = f.shape[0] // 2
-    worst = np.abs(f).max() if f.size else 0.0
-    if worst > tol:
-        raise ValueError(
-            f"x0 is off the constraint set: |g(q0)| = {np.abs(f[:k]).max():.3g} and "
-            f"|Dg(q0)·∂H/∂p| = {np.abs(f[k:]).max():.3g} (tolerance {tol:g}); holonomic "
-            "constraints must vanish at the initial state (project x0 onto g = 0 and its "
-            "hidden velocity constraint first)"
-        )
 
 
 class AbstractFeedbackField(SystemField):
@@ -90,13 +97,33 @@ class AbstractFeedbackField(SystemField):
     this base holds the gains K, the metric L and what follows from them.
     """
 
-    target: eqx.AbstractVar[jax.Array]
+    target: eqx.AbstractVar[jax.Array | None]
     gains: eqx.AbstractVar[jax.Array]
     metric: eqx.AbstractVar[object]
+    pinned: eqx.AbstractVar[bool]
 
     @abc.abstractmethod
     def quantities(self, x):
         """F(x), the quantities the feedback holds at their initial values."""
+
+    def target_at(self, x0):
+        """The target values F₀ for a run starting at the flat state `x0`: F(x0)."""
+        return self.quantities(x0)
+
+    def at_start(self, z0):
+        """The field for one run: unless the target was pinned, F₀ = F(x0) of this run's
+        own initial state (so one field serves runs from many initial states)."""
+        if self.pinned:
+            return self
+        return eqx.tree_at(lambda f: f.target, self, self.target_at(self.merge(z0)), is_leaf=lambda v: v is None)
+
+    def _require_target(self):
+        if self.target is None:
+            raise ValueError(
+                "this feedback field was built without x0 or target, so it has no target values "
+                "F₀ yet: geomjax.integrate sets them from the run's initial state; to evaluate "
+                "the field directly, build it with x0 or target="
+            )
 
     def extra_potential(self, x):
         """A potential added to V (zero here; embedded groups add k₀/4‖D‖²)."""
@@ -109,6 +136,7 @@ class AbstractFeedbackField(SystemField):
 
     def lyapunov(self, x):
         """V(x) = ½(F(x) − F₀)ᵀ K (F(x) − F₀) (+ the extra potential)."""
+        self._require_target()
         d = self.quantities(x) - self.target
         return 0.5 * jnp.sum(d * self._weights(d)) + self.extra_potential(x)
 
@@ -121,10 +149,17 @@ class AbstractFeedbackField(SystemField):
 
         Example: `geomjax.feedback_field(system, x0, 50.0).euler_step_limit(x0)`.
         """
-        hess = jax.hessian(self.lyapunov)(jnp.asarray(x))
-        lam = jnp.max(jnp.linalg.eigvalsh(hess))
-        if self.metric is not None and not callable(self.metric) and jnp.ndim(self.metric) == 0:
-            lam = lam * self.metric
+        x = jnp.asarray(x)
+        hess = jax.hessian(self.lyapunov)(x)
+        if self.metric is None:
+            lam = jnp.max(jnp.linalg.eigvalsh(hess))
+        else:
+            ell = self.metric(x) if callable(self.metric) else self.metric
+            if jnp.ndim(ell) == 0:
+                lam = ell * jnp.max(jnp.linalg.eigvalsh(hess))
+            else:
+                # L∇²V is similar to L^½∇²V L^½ (L SPD): real eigenvalues.
+                lam = jnp.max(jnp.real(jnp.linalg.eigvals(ell @ hess)))
         return 2.0 / lam
 
     def _apply_metric(self, z, grad_v):
@@ -140,9 +175,10 @@ class FeedbackField(AbstractFeedbackField):
     """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6)."""
 
     system: System
-    target: jax.Array
+    target: jax.Array | None
     gains: jax.Array
     metric: object
+    pinned: bool = eqx.field(static=True, default=False)
 
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)
@@ -151,6 +187,7 @@ class FeedbackField(AbstractFeedbackField):
         return self.system.conserved_quantities(x)
 
     def vector(self, z):
+        self._require_target()
         s = self.system.structure
         system = self.system
         data = constraint_data(system, z)
@@ -179,11 +216,34 @@ class FeedbackField(AbstractFeedbackField):
         return jax.tree_util.tree_map(jnp.subtract, x, self._apply_metric(z, grad_v))
 
 
+def resolve_target(system, x0, target, target_at):
+    """`(x0, target, pinned, m)` for a feedback field: x0 checked (or None); the pinned
+    target if one was given, else F(x0) (or None without x0); m the length of F."""
+    if x0 is not None:
+        x0 = as_state(x0, system.dim)
+        spec = x0
+    elif system.dim is not None:
+        spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
+    else:
+        raise ValueError("give x0 (or target=) to feedback_field: this structure does not say its dimension")
+    m = jax.eval_shape(target_at, spec).shape[0]
+    if target is not None:
+        target = jnp.asarray(target, dtype=jnp.float64)
+        if target.shape != (m,):
+            raise ValueError(f"target has shape {tuple(target.shape)}, but F has {m} entries: expected ({m},)")
+        if is_concrete(target) and not np.all(np.isfinite(np.asarray(target))):
+            raise ValueError("target must be finite")
+        return x0, target, True, m
+    return x0, (None if x0 is None else target_at(x0)), False, m
+
+
 def feedback_field(
     system: System,
-    x0,
-    gains,
+    x0=None,
+    gains=None,
     metric: Callable | jax.Array | float | None = None,
+    *,
+    target=None,
 ) -> FeedbackField:
     """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
 
@@ -206,11 +266,16 @@ def feedback_field(
     **Arguments:**
 
     - `system`: a `geomjax.System`.
-    - `x0`: the initial state; F₀ = F(x0).
+    - `x0`: an initial state: F₀ = F(x0) when the field is called directly, and x0 is
+      checked (on the constraint set, C invertible). Optional. `geomjax.integrate` always
+      takes F₀ from the run's own initial state, so one field serves many initial states
+      (`jax.vmap` over x0 included).
     - `gains`: K as a positive scalar (K = kI), a vector with one positive gain per entry
       of F, or a symmetric positive-definite matrix.
     - `metric`: L, the identity if `None`; or a positive scalar, an SPD `(dim, dim)` matrix,
-      or a callable `x ↦ L(x)`.
+      or a callable `x ↦ L(x)` (checked at x0).
+    - `target`: pin F₀ to these values for every run (e.g. an energy level other than
+      the start's); the run is then pulled towards them.
 
     **Returns:**
 
@@ -219,9 +284,13 @@ def feedback_field(
     Example (seed 000 §2.3, k₁..k₄ = 50):
 
     ```python
-    model = geomjax.models.spherical_pendulum()
-    Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
-    sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=100_000, method="euler")
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
+    >>> sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, method="euler")
+    >>> bool(sol.ok)
+    True
+
     ```
     """
     if not isinstance(system, System):
@@ -230,13 +299,14 @@ def feedback_field(
         # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
         from ._nonholonomic import nonholonomic_feedback_field
 
-        return nonholonomic_feedback_field(system, x0, gains, metric)
-    x0 = as_state(x0, system.dim)
-    if is_concrete(x0):
+        return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
+    if gains is None:
+        raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
+    x0, target, pinned, m = resolve_target(system, x0, target, system.conserved_quantities)
+    if x0 is not None and is_concrete(x0):
         check_constraint_matrix(system, x0)
-    _check_on_holonomic(system, x0)
-    target = system.conserved_quantities(x0)
-    k = _gain_array(gains, target.shape[0])
-    metric = _check_metric(metric, x0.shape[0])
-    return FeedbackField(system, target, k, metric)
+        check_on_constraint_set(system, x0, START_TOL)
+    k = _gain_array(gains, m)
+    metric = _check_metric(metric, x0, system.dim)
+    return FeedbackField(system, target, k, metric, pinned)
 

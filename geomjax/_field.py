@@ -5,39 +5,27 @@ from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
+from ._monitored import AbstractMonitored
 from ._scalar_graph import scalar_graph
 
 
-class AbstractField(eqx.Module):
-    """A vector field x ↦ ẋ.
+class AbstractField(AbstractMonitored):
+    """A vector field ẋ = X(t, x, args).
 
-    Call it on a flat state (`field(x)`); integrators call `rhs` on the pieces given by
-    `split`, which avoids slicing and concatenating a flat state inside compiled loops.
+    Call it on a flat state (`field(x)`, or `field(x, t, args)` for a time-dependent
+    field); integrators call `rhs(t, z, args)` on the pieces given by `split`, which avoids
+    slicing and concatenating a flat state inside compiled loops. Fields derived from a
+    system ignore `t` and `args`.
     """
 
     @abc.abstractmethod
-    def split(self, x):
-        """Flat state → pieces."""
+    def rhs(self, t, z, args):
+        """ẋ in pieces, at time `t`, for a state in pieces `z` and extra arguments `args`."""
 
-    @abc.abstractmethod
-    def merge(self, z):
-        """Pieces → flat state."""
-
-    @abc.abstractmethod
-    def rhs(self, z):
-        """ẋ in pieces, for a state in pieces."""
-
-    @property
-    def dim(self) -> int | None:
-        """Expected length of the flat state, or None if any length is accepted."""
-        return None
-
-    def check(self, x0) -> None:
-        """Raise a clear error if `x0` (concrete) is not a valid start for this field."""
-
-    def __call__(self, x):
-        return self.merge(self.rhs(self.split(x)))
+    def __call__(self, x, t=0.0, args=None):
+        return self.merge(self.rhs(t, self.split(x), args))
 
 
 class SystemField(AbstractField):
@@ -45,7 +33,8 @@ class SystemField(AbstractField):
 
     Subclasses give `vector(z)`, the field as derived by autodiff; `rhs` evaluates it
     through its simplified scalar expression graph (`geomjax._scalar_graph`), which drops
-    what the derivation computed but the field does not need.
+    what the derivation computed but the field does not need. The monitored quantities
+    are the system's (constraint residuals; energy and first integrals).
     """
 
     system: eqx.AbstractVar[object]
@@ -54,7 +43,8 @@ class SystemField(AbstractField):
     def vector(self, z):
         """ẋ in pieces as derived from the system's functions, for a state in pieces."""
 
-    def rhs(self, z):
+    def rhs(self, t, z, args):
+        del t, args
         return scalar_graph(self.vector, z)
 
     def split(self, x):
@@ -67,9 +57,25 @@ class SystemField(AbstractField):
     def dim(self):
         return self.system.dim
 
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
+
+
+def _check_returns_state(fn, x, what: str, call: str, hint: str):
+    try:
+        out = jax.eval_shape(fn, x)
+    except TypeError as err:
+        raise TypeError(f"{what} could not be called as {call}: {err}. {hint}") from err
+    if not (hasattr(out, "shape") and out.shape == x.shape):
+        shape = getattr(out, "shape", type(out).__name__)
+        raise ValueError(f"{what} must return an array shaped like the state {tuple(x.shape)}, got {shape}")
+
 
 class FunctionField(AbstractField):
-    """Wrap a plain callable `x ↦ ẋ` on flat states as a field."""
+    """A plain callable `x ↦ ẋ` on flat states (autonomous), as a field."""
 
     fn: Callable
 
@@ -79,12 +85,54 @@ class FunctionField(AbstractField):
     def merge(self, z):
         return z
 
-    def rhs(self, z):
+    def rhs(self, t, z, args):
+        del t, args
         return self.fn(z)
+
+    def check(self, x0) -> None:
+        _check_returns_state(
+            self.fn,
+            x0,
+            "the vector field",
+            "field(x)",
+            "A plain callable is read as an autonomous field x ↦ ẋ. For a step map "
+            "x_next = step(x, h) pass method=\"step\" (or geomjax.FunctionStep(step)); for "
+            "a time-dependent field f(t, x, args) wrap it as geomjax.TimeField(f)",
+        )
+
+
+class TimeField(AbstractField):
+    """A time-dependent field `f(t, x, args) ↦ ẋ` (diffrax's convention) on flat states.
+
+    `args` is what `geomjax.integrate(..., args=...)` passes (forcing parameters, controls).
+
+    Example:
+
+    ```python
+    >>> import jax.numpy as jnp, geomjax
+    >>> forced = geomjax.TimeField(lambda t, x, a: jnp.stack([x[1], -x[0] + a * jnp.cos(t)]))
+    >>> sol = geomjax.integrate(forced, jnp.array([1.0, 0.0]), dt=0.01, steps=100,
+    ...                         method="rk4", args=0.5)
+    >>> sol.xs.shape
+    (101, 2)
+
+    ```
+    """
+
+    fn: Callable
+
+    def split(self, x):
+        return x
+
+    def merge(self, z):
+        return z
+
+    def rhs(self, t, z, args):
+        return self.fn(t, z, args)
 
 
 def as_field(field: Callable) -> AbstractField:
-    """Return `field` itself if it is a geomjax field, else wrap a plain callable."""
+    """Return `field` itself if it is a geomjax field, else wrap a plain callable `x ↦ ẋ`."""
     if isinstance(field, AbstractField):
         return field
     if not callable(field):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from ._field import AbstractField, as_field
 from ._methods import register_method
 from ._newton import newton_solve
-from ._step import NEWTON_FAILED, SUCCESS, FieldStep
+from ._step import FieldStep, newton_status
 
 
 class ImplicitTableau(eqx.Module):
@@ -104,18 +104,17 @@ class ImplicitRungeKutta(FieldStep):
     atol: float = eqx.field(static=True, default=1e-13)
     max_iter: int = eqx.field(static=True, default=25)
 
-    def advance(self, z, h):
+    def advance(self, t, z, h, args):
         tab = self.tableau
-        rhs = self.field.rhs
         explicit = [all(a == 0.0 for a in row) for row in tab.a]
         implicit = [i for i, e in enumerate(explicit) if not e]
-        k_start = rhs(z)
+        k_start = self.field.rhs(t, z, args)  # explicit rows have c_i = 0
 
         def stage_slopes(increments):
-            """X(x + Zᵢ) for every stage, given the increments of the implicit stages."""
+            """X(t + cᵢh, x + Zᵢ) for every stage, given the increments of the implicit stages."""
             slopes, it = [], iter(increments)
-            for e in explicit:
-                slopes.append(k_start if e else rhs(_add(z, next(it))))
+            for i, e in enumerate(explicit):
+                slopes.append(k_start if e else self.field.rhs(t + tab.c[i] * h, _add(z, next(it)), args))
             return slopes
 
         def residual(increments):
@@ -130,8 +129,7 @@ class ImplicitRungeKutta(FieldStep):
         guess = tuple(jax.tree_util.tree_map(lambda k, ci=c[i]: ci * h * k, k_start) for i in implicit)
         res = newton_solve(residual, guess, rtol=self.rtol, atol=self.atol, max_iter=self.max_iter)
         z1 = _add(z, _weighted(h, tab.b, stage_slopes(res.value)))
-        status = jnp.where(res.converged, SUCCESS, NEWTON_FAILED).astype(jnp.int32)
-        return z1, status
+        return z1, newton_status(res.converged)
 
 
 def implicit_rk(

@@ -1,6 +1,18 @@
-"""The driver: fixed-step `lax.scan` loops and the diffrax path, with failure status."""
+"""The driver: fixed-step `lax.scan` loops and the diffrax path, with a status per run.
 
-import inspect
+What a run guarantees (under `jit` and `vmap` too):
+
+- the start is checked: a non-finite x0 or one off the constraint set ends the run at
+  step 0 with `RESULTS.nonfinite_start` / `RESULTS.off_constraint_set`;
+- every step is checked for a non-finite state and for its own failure (a Newton solve);
+- at every save point the monitored quantities of the field or step (constraint
+  residuals, first integrals) are compared with `drift_tol`;
+- after the first failure the state stops advancing (so losses on earlier states have
+  the gradients of the shorter run), and later saves are NaN, so gradients of losses on
+  them are NaN: a failed run is never silently finite.
+"""
+
+import operator
 from collections.abc import Callable
 
 import diffrax
@@ -9,11 +21,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._field import AbstractField, as_field
+from ._field import AbstractField, TimeField, as_field
 from ._methods import build_step
+from ._monitored import DRIFT_TOL, START_TOL, AbstractMonitored, check_on_constraint_set
 from ._solution import IntegrationError, Solution
-from ._step import NONFINITE, SOLVER_FAILED, SUCCESS, AbstractStep, FunctionStep
+from ._status import RESULTS, from_code
+from ._step import AbstractStep, FunctionStep
 from ._validate import as_state, check_positive_step, is_concrete
+
+# Outside jit a long run is split into compiled chunks of at most this many steps, so
+# that Ctrl-C and progress bars act between chunks.
+_CHUNK_STEPS = 1 << 20
 
 
 def _all_finite(z):
@@ -36,32 +54,82 @@ def _all_finite(z):
     return jnp.isfinite(total)
 
 
-def _looks_like_step(fn) -> bool:
-    """A plain callable with two required positional parameters is read as step(x, h)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    required = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    return len(required) == 2
+def _code(member) -> int:
+    return int(member._value)
 
+
+_OK = _code(RESULTS.successful)
 
 # The loop's bookkeeping (steps taken, first failed step, status) rides in the carry as
-# one int32 array: XLA's CPU runtime runs a loop whose carry holds three or more separate
+# one int64 array: XLA's CPU runtime runs a loop whose carry holds three or more separate
 # scalars several times slower (measured 21 → 140 ns per step of the spherical pendulum).
 _STEPS, _FAILED_STEP, _STATUS = 0, 1, 2
 
 
-def _initial_record():
-    return jnp.array([0, -1, SUCCESS], dtype=jnp.int32)
+class _Monitor(eqx.Module):
+    """The tolerances of one run and the reference values they are measured from."""
+
+    invariants0: jax.Array
+    scale: jax.Array
+    drift_tol: float | None = eqx.field(static=True)
+
+    def drift_code(self, target: AbstractMonitored, x):
+        """0, or the code of the first monitored quantity out of tolerance at `x`."""
+        if self.drift_tol is None:
+            return jnp.asarray(_OK, jnp.int64)
+        code = jnp.asarray(_OK, jnp.int64)
+        inv = target.invariants(x)
+        if inv.shape[0]:
+            err = jnp.abs(inv - self.invariants0) / (1.0 + jnp.abs(self.invariants0))
+            code = jnp.where(jnp.max(err) > self.drift_tol, _code(RESULTS.invariant_drift), code)
+        res = target.constraint_residuals(x)
+        if res.shape[0]:
+            bad = jnp.max(jnp.abs(res)) > self.drift_tol * self.scale
+            code = jnp.where(bad, _code(RESULTS.constraint_violation), code)
+        # NaN comparisons are False: a NaN monitored value is a failure too.
+        finite = jnp.all(jnp.isfinite(inv)) & jnp.all(jnp.isfinite(res))
+        return jnp.where(finite, code, _code(RESULTS.constraint_violation))
+
+
+def _start(target: AbstractMonitored, x0, start_tol, drift_tol):
+    """The start record (status at step 0) and the run's monitor."""
+    scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)))
+    code = jnp.where(jnp.all(jnp.isfinite(x0)), _OK, _code(RESULTS.nonfinite_start))
+    if start_tol is not None:
+        res = target.constraint_residuals(x0)
+        if res.shape[0]:
+            off = ~(jnp.max(jnp.abs(res)) <= start_tol * scale)
+            code = jnp.where(code == _OK, jnp.where(off, _code(RESULTS.off_constraint_set), _OK), code)
+    code = jnp.asarray(code, jnp.int64)
+    record = jnp.stack([jnp.zeros((), jnp.int64), jnp.where(code == _OK, -1, 0), code])
+    monitor = _Monitor(target.invariants(x0), scale, drift_tol)
+    return record, monitor
 
 
 @eqx.filter_jit
-def _scan_blocks(step: AbstractStep, carry, dt, n_blocks: int, block: int, checkpoint: bool):
+def _begin(target, x0, start_tol, drift_tol):
+    """The target specialised to this run, the loop carry at step 0 and the monitor."""
+    z0 = target.split(x0)
+    target = target.at_start(z0)
+    record, monitor = _start(target, x0, start_tol, drift_tol)
+    return target, (z0, record), monitor
+
+
+class _RejectNonFinite(diffrax.PIDController):
+    """A PID controller that treats a non-finite error estimate as an infinite one, so
+    the step is rejected and shrunk (diffrax's own turns NaN into a NaN step size)."""
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        y_error = jax.tree_util.tree_map(lambda e: jnp.where(jnp.isfinite(e), e, jnp.inf), y_error)
+        return super().adapt_step_size(t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state)
+
+
+def _select(ok, new, old):
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+
+@eqx.filter_jit
+def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_blocks: int, block: int, checkpoint: bool):
     """Run `n_blocks × block` steps; save the flat state after every block.
 
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
@@ -69,16 +137,20 @@ def _scan_blocks(step: AbstractStep, carry, dt, n_blocks: int, block: int, check
 
     def one_step(c, _):
         z, record = c
-        z_next, step_status = step.advance(z, dt)
-        step_status = jnp.where(
-            step_status != SUCCESS, step_status, jnp.where(_all_finite(z_next), SUCCESS, NONFINITE)
-        ).astype(jnp.int32)
         k = record[_STEPS] + 1
-        first = (record[_FAILED_STEP] < 0) & (step_status != SUCCESS)
+        t = t0 + (k - 1).astype(dt.dtype) * dt
+        z_next, result = step.advance(t, z, dt, args)
+        code = jnp.asarray(result._value, jnp.int64)
+        blow_up = jnp.where(k == 1, _code(RESULTS.nonfinite_first_step), _code(RESULTS.diverged))
+        code = jnp.where(code != _OK, code, jnp.where(_all_finite(z_next), _OK, blow_up))
+        running = record[_STATUS] == _OK
+        first = running & (code != _OK)
         record = jnp.stack(
-            [k, jnp.where(first, k, record[_FAILED_STEP]), jnp.where(first, step_status, record[_STATUS])]
+            [k, jnp.where(first, k, record[_FAILED_STEP]), jnp.where(first, code, record[_STATUS])]
         )
-        return (z_next, record), None
+        # After a failure the state stays at the last good one: no NaN enters the carry,
+        # and the next steps are evaluated at a finite state (finite, zero derivatives).
+        return (_select(running & (code == _OK), z_next, z), record), None
 
     def run_block(c):
         c, _ = lax.scan(one_step, c, None, length=block)
@@ -88,38 +160,29 @@ def _scan_blocks(step: AbstractStep, carry, dt, n_blocks: int, block: int, check
         run_block = jax.checkpoint(run_block)
 
     def outer(c, _):
-        c = run_block(c)
-        return c, step.merge(c[0])
+        z, record = run_block(c)
+        x = step.merge(z)
+        failed_before = record[_STATUS] != _OK
+        code = monitor.drift_code(step, x)
+        first = ~failed_before & (code != _OK)
+        k = record[_STEPS]
+        record = jnp.stack(
+            [k, jnp.where(first, k, record[_FAILED_STEP]), jnp.where(first, code, record[_STATUS])]
+        )
+        # The state that showed the drift is saved; saves after a failure are NaN.
+        saved = jnp.where(failed_before, jnp.nan, x)
+        return (z, record), saved
 
     return lax.scan(outer, carry, None, length=n_blocks)
 
 
-def _run_fixed(step, x0, dt, t0, steps, save_every, checkpoint, progress):
-    carry = (step.split(x0), _initial_record())
-    n_saves = steps // save_every
-    chunks = _progress_chunks(n_saves) if (progress and is_concrete((x0, dt))) else [n_saves]
-    pieces = []
-    bar = _progress_bar(steps, progress) if len(chunks) > 1 else None
-    for n in chunks:
-        carry, xs = _scan_blocks(step, carry, dt, n, save_every, checkpoint)
-        pieces.append(xs)
-        if bar is not None:
-            bar.update(n * save_every)
-    if bar is not None:
-        bar.close()
-    xs = jnp.concatenate([x0[None, :]] + pieces, axis=0)
-    ts = t0 + dt * save_every * jnp.arange(n_saves + 1, dtype=x0.dtype)
-    record = carry[1]
-    k, failed_step, status = record[_STEPS], record[_FAILED_STEP], record[_STATUS]
-    completed = jnp.where(failed_step > 0, failed_step - 1, k)
-    return Solution(ts, xs, status, failed_step, jnp.asarray(dt), jnp.asarray(t0), completed)
-
-
-def _progress_chunks(n_saves: int, parts: int = 20) -> list[int]:
-    size = max(1, -(-n_saves // parts))
-    chunks = [size] * (n_saves // size)
-    if n_saves % size:
-        chunks.append(n_saves % size)
+def _chunks(n_blocks: int, block: int, progress) -> list[int]:
+    per_chunk = max(1, _CHUNK_STEPS // block)
+    if progress:
+        per_chunk = min(per_chunk, max(1, -(-n_blocks // 20)))
+    chunks = [per_chunk] * (n_blocks // per_chunk)
+    if n_blocks % per_chunk:
+        chunks.append(n_blocks % per_chunk)
     return chunks
 
 
@@ -130,17 +193,50 @@ def _progress_bar(total: int, progress):
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=False)
 
 
-def _run_diffrax(field: AbstractField, solver, x0, dt, t0, steps, save_every, rtol, atol, max_steps):
-    z0 = field.split(x0)
+def _solution(ts, xs, record, dt, t0):
+    failed_step = record[_FAILED_STEP]
+    code = record[_STATUS]
+    num_steps = jnp.where(failed_step >= 0, jnp.maximum(failed_step - 1, 0), record[_STEPS])
+    result = from_code(code)
+    return Solution(ts, xs, result, failed_step, dt, t0, num_steps)
+
+
+def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol):
+    step, carry, monitor = _begin(step, x0, start_tol, drift_tol)
+    n_blocks = steps // save_every
+    concrete = is_concrete((x0, dt, t0, args, step))
+    chunks = _chunks(n_blocks, save_every, progress) if concrete else [n_blocks]
+    bar = _progress_bar(steps, progress) if (progress and concrete) else None
+    pieces = []
+    for n in chunks:
+        carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n, save_every, checkpoint)
+        pieces.append(xs)
+        if bar is not None:
+            bar.update(n * save_every)
+    if bar is not None:
+        bar.close()
+    xs = jnp.concatenate([x0[None, :]] + pieces, axis=0)
+    ts = t0 + dt * save_every * jnp.arange(n_blocks + 1, dtype=x0.dtype)
+    return _solution(ts, xs, carry[1], dt, t0)
+
+
+def _run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+    field, (z0, record), monitor = _begin(field, x0, start_tol, drift_tol)
+    start_ok = record[_STATUS] == _OK
     t1 = t0 + dt * steps
-    ts = t0 + dt * save_every * jnp.arange(steps // save_every + 1, dtype=x0.dtype)
-    term = diffrax.ODETerm(lambda t, y, args: field.rhs(y))
+    n_saves = steps // save_every
+    ts = t0 + dt * save_every * jnp.arange(n_saves + 1, dtype=x0.dtype)
+    term = diffrax.ODETerm(lambda t, y, a: field.rhs(t, y, a))
     if rtol is None and atol is None:
         controller = diffrax.ConstantStepSize()
         max_steps = steps + 1 if max_steps is None else max_steps
     else:
-        controller = diffrax.PIDController(
-            rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol
+        # Non-finite error estimates shrink the step, so the saves stop at the time where
+        # the field turned non-finite; dtmin ends a solve whose step size collapses.
+        controller = _RejectNonFinite(
+            rtol=1e-6 if rtol is None else rtol,
+            atol=1e-9 if atol is None else atol,
+            dtmin=1e-12 * dt * steps,
         )
         max_steps = 1_000_000 if max_steps is None else max_steps
     sol = diffrax.diffeqsolve(
@@ -150,22 +246,66 @@ def _run_diffrax(field: AbstractField, solver, x0, dt, t0, steps, save_every, rt
         t1,
         dt,
         z0,
+        args=args,
         saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=controller,
         max_steps=max_steps,
         throw=False,
     )
     xs = jax.vmap(field.merge)(sol.ys)
-    finite = jnp.all(jnp.isfinite(xs), axis=1)
-    num_steps = jnp.asarray(sol.stats["num_steps"], jnp.int32)
-    solver_ok = sol.result == diffrax.RESULTS.successful
-    nonfinite = ~jnp.all(finite)
-    status = jnp.where(solver_ok, jnp.where(nonfinite, NONFINITE, SUCCESS), SOLVER_FAILED).astype(jnp.int32)
-    # diffrax gives no per-step index on an adaptive grid; report the save interval.
-    first_bad = jnp.argmin(finite) * save_every
-    failed_step = jnp.where(status == SUCCESS, -1, jnp.where(solver_ok, first_bad, num_steps)).astype(jnp.int32)
-    xs = jnp.where(jnp.isinf(sol.ts)[:, None], jnp.nan, xs)
-    return Solution(ts, xs, status, failed_step, jnp.asarray(dt), jnp.asarray(t0), num_steps)
+    num_steps = jnp.asarray(sol.stats["num_steps"], jnp.int64)
+    reached = jnp.isfinite(sol.ts)
+    finite = jnp.all(jnp.isfinite(xs), axis=1) & reached
+    drift = jax.vmap(lambda x: monitor.drift_code(field, x))(jnp.where(finite[:, None], xs, x0))
+    drift = jnp.where(finite, drift, _OK)
+    collapsed = sol.result == diffrax.RESULTS.dt_min_reached
+    solver_code = jnp.where(
+        sol.result == diffrax.RESULTS.successful,
+        _OK,
+        jnp.where(collapsed, _code(RESULTS.step_size_collapsed), _code(RESULTS.solver_failed)),
+    )
+    bad_save = (~finite) | (drift != _OK)
+    first_bad = jnp.argmax(bad_save)
+    any_bad = jnp.any(bad_save)
+    save_code = jnp.where(finite[first_bad], drift[first_bad], _code(RESULTS.diverged))
+    code = jnp.where(any_bad & (solver_code == _OK), save_code, solver_code)
+    code = jnp.where(start_ok, code, record[_STATUS])
+    # diffrax gives no per-step index on an adaptive grid; report the save point (in
+    # steps of dt) where the failure showed, or the steps taken when the solver stopped.
+    failed_step = jnp.where(
+        code == _OK, -1, jnp.where(any_bad, first_bad * save_every, num_steps)
+    )
+    failed_step = jnp.where(start_ok, failed_step, 0)
+    keep = jnp.where(code == _OK, True, jnp.arange(n_saves + 1) <= jnp.where(any_bad, first_bad, n_saves))
+    keep = keep & (finite | (jnp.arange(n_saves + 1) == 0))
+    xs = jnp.where(keep[:, None], xs, jnp.nan)
+    xs = xs.at[0].set(x0)
+    record = jnp.stack([num_steps, failed_step.astype(jnp.int64), code.astype(jnp.int64)])
+    return _solution(ts, xs, record, dt, t0)
+
+
+def _target(field_or_step, method):
+    """Tell steps from fields by type (or by `method="step"`), never by their signature."""
+    if isinstance(field_or_step, AbstractStep):
+        return field_or_step, True
+    if isinstance(field_or_step, AbstractField):
+        return field_or_step, False
+    if isinstance(field_or_step, diffrax.ODETerm):
+        return TimeField(field_or_step.vector_field), False
+    if isinstance(method, str) and method == "step":
+        if not callable(field_or_step):
+            raise TypeError(f"method='step' needs a callable step(x, h) ↦ x_next, got {type(field_or_step).__name__}")
+        return FunctionStep(field_or_step), True
+    return as_field(field_or_step), False
+
+
+def _as_count(value, name: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
 
 
 def integrate(
@@ -177,9 +317,12 @@ def integrate(
     method="euler",
     save_every: int = 1,
     t0=0.0,
+    args=None,
     rtol: float | None = None,
     atol: float | None = None,
     max_steps: int | None = None,
+    drift_tol: float | None = DRIFT_TOL,
+    start_tol: float | None = START_TOL,
     throw: bool = True,
     progress: bool | str = False,
     checkpoint: bool = True,
@@ -188,16 +331,31 @@ def integrate(
 
     Runs `steps` steps of size `dt` in one compiled `lax.scan`, saving the state every
     `save_every` steps. Fields and steps made by geomjax carry their state in pieces (for
-    T*Rⁿ the pair (q, p)) inside the loop; the state is flat at the boundary. A failure
-    flag rides in the loop carry: a non-finite state or a Newton solve that did not
-    converge is recorded with the first step where it happened, never returned as silent
-    NaNs.
+    T*Rⁿ the pair (q, p)) inside the loop; the state is flat at the boundary.
+
+    A run never reports success for a wrong answer. Its status (`Solution.result`) is set
+    at the first of:
+
+    - a start with NaN/inf entries, or off the constraint set of the field or step
+      (largest constraint residual above `start_tol·(1 + max|x0|)`): step 0;
+    - a step whose own solve failed (a Newton iteration), or whose result is non-finite;
+    - a save point where a constraint residual exceeds `drift_tol·(1 + max|x0|)`, or a
+      first integral I differs from its initial value by more than
+      `drift_tol·(1 + |I(x0)|)`. What is monitored is what the field or step keeps:
+      constraints and energy for Dirac, feedback, nonholonomic fields and their methods,
+      RATTLE, projection; nothing for plain callables.
+
+    After the first failure the state stops advancing; later saves are NaN. A feedback
+    field keeps the invariants of *this run's* initial state (`at_start`), unless its
+    target was pinned when it was built.
 
     **Arguments:**
 
-    - `field_or_step`: a vector field (`geomjax.dirac_field(...)`, `geomjax.feedback_field(...)`
-      or any callable `x ↦ ẋ`), or a step: a geomjax step (`geomjax.rattle(system)`, ...) or
-      a plain callable `step(x, h) ↦ x_next` (two positional parameters).
+    - `field_or_step`: a vector field (`geomjax.dirac_field(...)`,
+      `geomjax.feedback_field(...)`, a `geomjax.TimeField(f)` with `f(t, x, args)`, a
+      `diffrax.ODETerm`, or any callable `x ↦ ẋ`), or a step: a geomjax step
+      (`geomjax.rattle(system)`, `geomjax.FunctionStep(fn)`, ...), or a plain callable
+      `step(x, h) ↦ x_next` together with `method="step"`.
     - `x0`: initial flat state (float64).
     - `dt`: step size (the initial step for adaptive diffrax solvers).
     - `steps`: number of steps; the final time is `t0 + steps·dt`.
@@ -206,52 +364,67 @@ def integrate(
       `diffrax.AbstractSolver` instance (adaptive when `rtol`/`atol` are given, with a
       `diffrax.PIDController`). Ignored for steps.
     - `save_every`: save every this many steps (`steps` must be a multiple).
-    - `t0`: initial time.
+    - `t0`: initial time; `args`: passed to time-dependent fields and steps.
     - `rtol`, `atol`, `max_steps`: for diffrax solvers.
-    - `throw`: outside `jit`, raise `geomjax.IntegrationError` (carrying the partial
-      `Solution`) when the run failed. Inside `jit`/`vmap`, inspect `solution.status`.
-    - `progress`: show a progress bar (the run is split into 20 compiled chunks).
+    - `drift_tol`: relative tolerance on the monitored quantities (default `1e-2`);
+      `None` turns drift monitoring off (e.g. to measure how far a method drifts).
+    - `start_tol`: tolerance on the initial constraint residuals (default `1e-8`); `None`
+      lets a run start off the constraint set on purpose.
+    - `throw`: raise when the run failed: `geomjax.IntegrationError` (carrying the partial
+      `Solution`) outside `jit`, an `equinox` runtime error inside `jit`. Under `vmap`, pass
+      `throw=False` and read the per-member `solution.result`.
+    - `progress`: show a progress bar (the run is split into compiled chunks).
     - `checkpoint`: rematerialise each save block in reverse-mode autodiff (saves memory
       on long differentiated runs; no cost on forward runs).
 
     **Returns:**
 
-    A `geomjax.Solution` with `ts`, `xs`, `status`, `failed_step` and `message`.
+    A `geomjax.Solution` with `ts`, `xs`, `result` (`status`), `failed_step` and `message`.
 
     Example:
 
     ```python
-    model = geomjax.models.spherical_pendulum()
-    Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
-    sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=100_000, save_every=100)
-    sol.xs.shape  # (1001, 6)
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
+    >>> sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, save_every=100)
+    >>> sol.xs.shape, sol.message
+    ((11, 6), 'success')
+
     ```
     """
+    steps = _as_count(steps, "steps")
+    save_every = _as_count(save_every, "save_every")
     check_positive_step(dt, steps, save_every)
-    if isinstance(field_or_step, AbstractStep):
-        step = field_or_step
-    elif not isinstance(field_or_step, AbstractField) and (
-        method == "step" or (callable(field_or_step) and _looks_like_step(field_or_step))
-    ):
-        step = FunctionStep(field_or_step)
-    else:
-        step = None
-    target = step if step is not None else as_field(field_or_step)
+    target, is_step = _target(field_or_step, method)
     x0 = as_state(x0, target.dim)
+    if drift_tol is not None and not (float(drift_tol) > 0):
+        raise ValueError(f"drift_tol must be positive (or None to monitor nothing), got {drift_tol!r}")
+    if start_tol is not None and not (float(start_tol) >= 0):
+        raise ValueError(f"start_tol must be non-negative (or None), got {start_tol!r}")
     if is_concrete(x0):
         target.check(x0)
+        check_on_constraint_set(target, x0, start_tol)
     dt = jnp.asarray(dt, dtype=x0.dtype)
     t0 = jnp.asarray(t0, dtype=x0.dtype)
-    if step is None and isinstance(method, diffrax.AbstractSolver):
-        sol = _run_diffrax(target, method, x0, dt, t0, steps, save_every, rtol, atol, max_steps)
+    if not is_step and isinstance(method, diffrax.AbstractSolver):
+        sol = _run_diffrax(
+            target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol
+        )
     else:
-        if step is None:
+        if not is_step:
             if not isinstance(method, str):
                 raise TypeError(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
-            step = build_step(method, target)
-        sol = _run_fixed(step, x0, dt, t0, steps, save_every, checkpoint, progress)
-    if throw and is_concrete(sol.status) and bool(jnp.any(sol.status != SUCCESS)):
-        raise IntegrationError(sol.message, sol)
+            target = build_step(method, target)
+        sol = _run_fixed(
+            target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol
+        )
+    if throw:
+        if is_concrete(sol.status):
+            if bool(jnp.any(sol.status != 0)):
+                raise IntegrationError(sol.message, sol)
+        else:
+            sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
     return sol

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._feedback import AbstractFeedbackField, _check_metric, _gain_array
+from ._feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
+from ._monitored import START_TOL, check_on_constraint_set
 from ._field import SystemField
 from ._pieces import evaluate_on_pieces
 from ._sparse_ad import (
@@ -489,16 +490,21 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
     """
 
     system: System
-    target: jax.Array
+    target: jax.Array | None
     gains: jax.Array
     embedding_gain: jax.Array | None
     metric: object
+    pinned: bool = eqx.field(static=True, default=False)
 
     def check(self, x0) -> None:
         _check_matrix_at(self.system, x0)
 
     def quantities(self, x):
         return nonholonomic_quantities(self.system, x)
+
+    def target_at(self, x0):
+        """(0, H_ext(x0), I(x0)): the constraint momenta are held at zero."""
+        return self.quantities(x0).at[: _constraint_count(self.system)].set(0.0)
 
     def extra_potential(self, x):
         if self.embedding_gain is None:
@@ -507,6 +513,7 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
         return 0.25 * self.embedding_gain * jnp.sum(dd * dd)
 
     def vector(self, z):
+        self._require_target()
         parts = _Parts(self.system, z)
         s = parts.explode(z)
         k0 = self.embedding_gain
@@ -551,7 +558,13 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
         return jax.tree_util.tree_map(jnp.subtract, ydot, self._apply_metric(z, grad_v))
 
 
-def nonholonomic_feedback_field(system: System, x0, gains, metric=None) -> NonholonomicFeedbackField:
+def _constraint_count(system) -> int:
+    spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
+    n_int = jax.eval_shape(system.integral_values, spec).shape[0]
+    return jax.eval_shape(lambda x: nonholonomic_quantities(system, x), spec).shape[0] - 1 - n_int
+
+
+def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, target=None) -> NonholonomicFeedbackField:
     """Feedback field of a nonholonomic system; called by `geomjax.feedback_field`.
 
     F = (J, H_ext, integrals) with target (0, H_ext(x0), I(x0)), V = ½ΔᵀKΔ (+ k₀/4‖D‖²
@@ -563,16 +576,16 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None) -> Nonho
     `NonholonomicFeedbackField.euler_step_limit`).
     """
     _require(system)
-    x0 = as_state(x0, system.dim)
-    parts, s0, _ = _at(system, x0)
-    f0 = nonholonomic_quantities(system, x0)
-    k = len(parts.momenta(s0))
-    embedded = parts.embedded
-    if is_concrete(x0):
+    if gains is None:
+        raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
+    k = _constraint_count(system)
+    x0, target, pinned, m = resolve_target(
+        system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
+    )
+    embedded = nonholonomic_layout(system.structure) == "pair" and hasattr(system.structure, "embedding_defect")
+    if x0 is not None and is_concrete(x0):
         _check_matrix_at(system, x0)
-        _check_on_constraint(parts, s0, f0[:k], embedded)
-    target = f0.at[:k].set(0.0)
-    m = target.shape[0]
+        check_on_constraint_set(system, x0, START_TOL)
     g = jnp.asarray(gains, dtype=jnp.float64)
     if embedded:
         if g.ndim == 0:
@@ -589,24 +602,5 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None) -> Nonho
         k_main, k_emb = k_all[:m], k_all[m]
     else:
         k_main, k_emb = _gain_array(g, m), None
-    metric = _check_metric(metric, x0.shape[0])
-    return NonholonomicFeedbackField(system, target, k_main, k_emb, metric)
-
-
-def _check_on_constraint(parts: _Parts, s0, j0, embedded: bool, tol: float = 1e-8) -> None:
-    v = np.concatenate([np.asarray(a) for a in parts.velocity(s0)])
-    scale = 1.0 + float(np.abs(v).max())
-    worst = float(np.abs(np.asarray(j0)).max())
-    if worst > tol * scale:
-        raise ValueError(
-            f"x0 is off the nonholonomic constraint set: |J(x0)| = {worst:.3g} (tolerance "
-            f"{tol * scale:.3g}); the feedback integrator stabilises J = 0, so start on it "
-            "(geomjax.project_nonholonomic(system, x0) moves the momentum there)"
-        )
-    if embedded:
-        d = np.asarray(parts.defect(s0))
-        if np.abs(d).max() > 1e-8:
-            raise ValueError(
-                f"x0 is off the embedded group: |embedding defect| = {np.abs(d).max():.3g} "
-                "(RᵀR − I, or cos² + sin² − 1, must vanish at x0)"
-            )
+    metric = _check_metric(metric, x0, system.dim)
+    return NonholonomicFeedbackField(system, target, k_main, k_emb, metric, pinned)

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from ._newton import newton_solve
 from ._rattle import _Mechanics
 from ._splitting import _same_layout
-from ._step import NEWTON_FAILED, SUCCESS, AbstractStep
+from ._status import where_first
+from ._step import AbstractStep, newton_status
 from ._system import System
 
 
@@ -33,6 +34,15 @@ class Projected(AbstractStep):
 
     def check(self, x0) -> None:
         self.step.check(x0)
+
+    def at_start(self, z0):
+        return eqx.tree_at(lambda s: s.step, self, self.step.at_start(z0))
+
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
 
     def _solve(self, fn, guess):
         return newton_solve(fn, guess, rtol=self.rtol, atol=self.atol, max_iter=self.max_iter)
@@ -68,8 +78,8 @@ class Projected(AbstractStep):
         res = self._solve(lambda nu: f(moved(nu)) - self.level, jnp.zeros_like(self.level))
         return moved(res.value), res.converged
 
-    def advance(self, z, h):
-        z1, status = self.step.advance(z, h)
+    def advance(self, t, z, h, args):
+        z1, status = self.step.advance(t, z, h, args)
         s = self.system.structure
         # Unused when the layouts agree: XLA drops the merge and split then.
         converted = s.split(self.step.merge(z1))
@@ -80,8 +90,7 @@ class Projected(AbstractStep):
         else:
             w, ok = self._project_general(w)
         z2 = w if own_layout else self.step.split(s.merge(w))
-        status = jnp.where(status != SUCCESS, status, jnp.where(ok, SUCCESS, NEWTON_FAILED))
-        return z2, status.astype(jnp.int32)
+        return z2, where_first(status, newton_status(ok))
 
 
 def project(

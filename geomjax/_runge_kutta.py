@@ -61,12 +61,12 @@ class ExplicitRungeKutta(FieldStep):
     field: AbstractField
     tableau: ButcherTableau
 
-    def advance(self, z, h):
+    def advance(self, t, z, h, args):
         if self.tableau.stages == 1 or isinstance(self.field, SystemField):
-            return self._written_out(z, h), ok_status()
-        return self._looped(z, h), ok_status()
+            return self._written_out(t, z, h, args), ok_status()
+        return self._looped(t, z, h, args), ok_status()
 
-    def _written_out(self, z, h):
+    def _written_out(self, t, z, h, args):
         def combine(coeffs, ks):
             out = z
             for coeff, k in zip(coeffs, ks):
@@ -76,16 +76,17 @@ class ExplicitRungeKutta(FieldStep):
 
         ks = []
         for row in self.tableau.a:
-            ks.append(self.field.rhs(combine(row, ks)))
+            ks.append(self.field.rhs(t + sum(row) * h, combine(row, ks), args))
         return combine(self.tableau.b, ks)
 
-    def _looped(self, z, h):
+    def _looped(self, t, z, h, args):
         tab = self.tableau
         a = jnp.asarray(tab.matrix(), dtype=jax.tree_util.tree_leaves(z)[0].dtype)
+        c = a.sum(axis=1)
         ks = jax.tree_util.tree_map(lambda leaf: jnp.zeros((tab.stages,) + leaf.shape, leaf.dtype), z)
 
         def stage(i, ks):
-            k = self.field.rhs(_weighted(z, h, a[i], ks))
+            k = self.field.rhs(t + c[i] * h, _weighted(z, h, a[i], ks), args)
             return jax.tree_util.tree_map(lambda stack, new: stack.at[i].set(new), ks, k)
 
         ks = lax.fori_loop(0, tab.stages, stage, ks)

@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._step import STATUS_MESSAGES, SUCCESS
+from ._status import RESULTS
 
 
 class IntegrationError(RuntimeError):
@@ -24,25 +24,35 @@ class Solution(eqx.Module):
     **Fields:**
 
     - `ts`: save times, shape `(n_saves + 1,)` (the initial time included).
-    - `xs`: saved flat states, shape `(n_saves + 1, dim)`.
-    - `status`: int32 code, 0 on success (see `message`).
-    - `failed_step`: the first step whose result was bad (1-based), −1 if none.
+    - `xs`: saved flat states, shape `(n_saves + 1, dim)`. Saves after a failure are NaN
+      (the state that showed a constraint or invariant drift is kept).
+    - `result`: a `geomjax.RESULTS` item, `RESULTS.successful` when the run succeeded.
+    - `failed_step`: the first step whose result was bad (1-based; 0 for a bad start), −1
+      if none.
     - `dt`, `t0`: step size and initial time.
-    - `num_steps`: steps completed before a failure (all steps when the run succeeded).
+    - `num_steps`: steps completed before the failure (all steps when the run succeeded).
+
+    `status` is the integer code of `result` (0 on success), `ok` says whether the run
+    succeeded and `message` says in words what happened and where.
     """
 
     ts: jax.Array
     xs: jax.Array
-    status: jax.Array
+    result: RESULTS
     failed_step: jax.Array
     dt: jax.Array
     t0: jax.Array
     num_steps: jax.Array
 
     @property
+    def status(self):
+        """The integer code of `result`: 0 on success (an array under vmap)."""
+        return self.result._value
+
+    @property
     def ok(self):
         """True where the run succeeded (an array under vmap)."""
-        return self.status == SUCCESS
+        return self.result == RESULTS.successful
 
     @property
     def x_final(self):
@@ -50,17 +60,18 @@ class Solution(eqx.Module):
 
     @property
     def message(self) -> str:
-        """A sentence saying whether the run succeeded and, if not, where it failed."""
+        """A sentence saying whether the run succeeded and, if not, where and why it failed."""
         status = np.asarray(self.status)
         if status.ndim:
-            bad = np.flatnonzero(status != SUCCESS)
+            bad = np.flatnonzero(status != 0)
             if not bad.size:
                 return f"all {status.size} runs succeeded"
             first = int(bad[0])
             sub = jax.tree_util.tree_map(lambda a: a[first] if getattr(a, "ndim", 0) else a, self)
             return f"{bad.size} of {status.size} runs failed; run {first}: {sub.message}"
-        if int(status) == SUCCESS:
+        if int(status) == 0:
             return "success"
         step = int(np.asarray(self.failed_step))
         t = float(np.asarray(self.t0) + step * np.asarray(self.dt))
-        return f"integration failed at step {step} (t = {t:.6g}): {STATUS_MESSAGES.get(int(status), 'unknown error')}"
+        where = "at the start (step 0)" if step == 0 else f"at step {step} (t = {t:.6g})"
+        return f"integration failed {where}: {RESULTS[self.result]}"

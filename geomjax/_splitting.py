@@ -20,7 +20,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._step import SUCCESS, AbstractStep, FunctionStep, ok_status
+from ._status import where_first
+from ._step import AbstractStep, FunctionStep, ok_status
 
 
 def _as_step(step) -> AbstractStep:
@@ -67,21 +68,45 @@ class Composition(AbstractStep):
         for s in self.steps:
             s.check(x0)
 
-    def advance(self, z, h):
+    def advance(self, t, z, h, args):
         head = self.steps[0]
         status = ok_status()
+        # Each map keeps its own clock: the j-th map starts its sub-step at t plus the
+        # time it has already advanced in this step.
+        elapsed = [0.0] * len(self.steps)
         for i, c in enumerate(self.coefficients):
-            step = self.steps[i % len(self.steps)]
+            j = i % len(self.steps)
+            step = self.steps[j]
+            t_sub = t + elapsed[j] * h
+            elapsed[j] += c
             # Layouts are compared by tree structure and shapes (static at trace time);
             # an unused conversion is dropped by XLA.
             inner = z if step is head else step.split(head.merge(z))
             if step is head or _same_layout(z, inner):
-                z, st = step.advance(z, c * h)
+                z, st = step.advance(t_sub, z, c * h, args)
             else:
-                inner, st = step.advance(inner, c * h)
+                inner, st = step.advance(t_sub, inner, c * h, args)
                 z = head.split(step.merge(inner))
-            status = jnp.where(status != SUCCESS, status, st).astype(jnp.int32)
+            status = where_first(status, st)
         return z, status
+
+    def at_start(self, z0):
+        return eqx.tree_at(lambda s: s.steps, self, tuple(s.at_start(s.split(self.merge(z0))) for s in self.steps))
+
+    def _unique_steps(self):
+        seen = []
+        for s in self.steps:
+            if not any(s is u for u in seen):
+                seen.append(s)
+        return seen
+
+    def constraint_residuals(self, x):
+        """The residuals of every distinct sub-step, concatenated."""
+        return jnp.concatenate([s.constraint_residuals(x) for s in self._unique_steps()])
+
+    def invariants(self, x):
+        """The invariants that every distinct sub-step claims, concatenated."""
+        return jnp.concatenate([s.invariants(x) for s in self._unique_steps()])
 
 
 def compose(steps: AbstractStep | Callable | Sequence, coefficients: Sequence[float]) -> Composition:

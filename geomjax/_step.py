@@ -4,66 +4,62 @@ import abc
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
-#: Status codes carried out of steps and runs.
-SUCCESS = 0
-NONFINITE = 1
-NEWTON_FAILED = 2
-SOLVER_FAILED = 3
+from ._monitored import AbstractMonitored
+from ._status import RESULTS
 
-STATUS_MESSAGES = {
-    SUCCESS: "success",
-    NONFINITE: (
-        "the state became non-finite (NaN or inf); with a feedback field and an explicit "
-        "method this usually means the stability limit h·λ_max(L∇²V) < 2 was exceeded: "
-        "lower dt or the gains"
-    ),
-    NEWTON_FAILED: "a Newton solve inside the step did not converge (try a smaller dt)",
-    SOLVER_FAILED: "the diffrax solver stopped with an error",
-}
+#: Status of a step that did not fail (kept for older code; `geomjax.RESULTS.successful`).
+SUCCESS = RESULTS.successful
+NEWTON_FAILED = RESULTS.newton_failed
 
 
-class AbstractStep(eqx.Module):
-    """A one-step method Φ_h: `step(x, h)` on flat states, `advance(z, h)` on pieces.
+class AbstractStep(AbstractMonitored):
+    """A one-step method Φ_h: `step(x, h)` on flat states, `advance(t, z, h, args)` on pieces.
 
-    `advance` returns `(z_next, status)` with `status` an int32 code (0 on success,
-    `NEWTON_FAILED` when an implicit solve did not converge); `geomjax.integrate` records the
-    first failing step. Subclasses also give `split`/`merge` (flat ↔ pieces).
+    `advance` returns `(z_next, result)` with `result` a `geomjax.RESULTS` item
+    (`RESULTS.successful`, or e.g. `RESULTS.newton_failed` when an implicit solve did not
+    converge); `geomjax.integrate` records the first failing step. Subclasses also give
+    `split`/`merge` (flat ↔ pieces).
     """
 
     @abc.abstractmethod
-    def split(self, x):
-        """Flat state → pieces."""
+    def advance(self, t, z, h, args):
+        """One step of size `h` from time `t` and pieces `z`: returns `(z_next, result)`."""
 
-    @abc.abstractmethod
-    def merge(self, z):
-        """Pieces → flat state."""
-
-    @abc.abstractmethod
-    def advance(self, z, h):
-        """One step from pieces `z` with step size `h`: returns `(z_next, status)`."""
-
-    @property
-    def dim(self) -> int | None:
-        return None
-
-    def check(self, x0) -> None:
-        """Raise a clear error if `x0` (concrete) is not a valid start for this step."""
-
-    def __call__(self, x, h):
-        z, _ = self.advance(self.split(x), h)
+    def __call__(self, x, h, t=0.0, args=None):
+        z, _ = self.advance(t, self.split(x), h, args)
         return self.merge(z)
 
 
 def ok_status():
-    return jnp.asarray(SUCCESS, dtype=jnp.int32)
+    return RESULTS.successful
+
+
+def newton_status(converged):
+    """`successful` where the Newton solve converged, else `newton_failed` (vmap-safe)."""
+    return RESULTS.where(jnp.asarray(converged), RESULTS.successful, RESULTS.newton_failed)
 
 
 class FunctionStep(AbstractStep):
-    """Wrap a user's pure step function `x_next = step(x, h)` on flat states."""
+    """A user's pure step function `x_next = step(x, h)` on flat states.
+
+    With `time_dependent=True` the function is `step(t, x, h, args)`.
+
+    Example:
+
+    ```python
+    >>> import jax.numpy as jnp, geomjax
+    >>> halve = geomjax.FunctionStep(lambda x, h: x * (1.0 - h))
+    >>> geomjax.integrate(halve, jnp.array([1.0]), dt=0.5, steps=2).xs[-1]
+    Array([0.25], dtype=float64)
+
+    ```
+    """
 
     fn: Callable
+    time_dependent: bool = eqx.field(static=True, default=False)
 
     def split(self, x):
         return x
@@ -71,8 +67,35 @@ class FunctionStep(AbstractStep):
     def merge(self, z):
         return z
 
-    def advance(self, z, h):
-        return self.fn(z, h), ok_status()
+    def advance(self, t, z, h, args):
+        out = self.fn(t, z, h, args) if self.time_dependent else self.fn(z, h)
+        return out, ok_status()
+
+    def check(self, x0) -> None:
+        h = jnp.ones((), x0.dtype)
+        call = "step(t, x, h, args)" if self.time_dependent else "step(x, h)"
+        try:
+            out = jax.eval_shape(lambda x: self.advance(h, x, h, None)[0], x0)
+        except TypeError as err:
+            raise TypeError(
+                f"the step function could not be called as {call}: {err}. A step maps "
+                "(x, h) to the next state; for a vector field x ↦ ẋ pass it without "
+                "method=\"step\" and choose a method"
+            ) from err
+        if getattr(out, "shape", None) != x0.shape:
+            raise ValueError(
+                f"the step function must return a state shaped like x0 {tuple(x0.shape)}, "
+                f"got {getattr(out, 'shape', type(out).__name__)}"
+            )
+
+
+def as_step(step) -> AbstractStep:
+    """A geomjax step as it is, or a plain callable `step(x, h)` wrapped."""
+    if isinstance(step, AbstractStep):
+        return step
+    if callable(step):
+        return FunctionStep(step)
+    raise TypeError(f"expected a geomjax step or a callable step(x, h) ↦ x_next, got {type(step).__name__}")
 
 
 class StructureStep(AbstractStep):
@@ -92,7 +115,8 @@ class StructureStep(AbstractStep):
 
 
 class SystemStep(StructureStep):
-    """Base of steps built from a `geomjax.System`: pieces come from its structure."""
+    """Base of steps built from a `geomjax.System`: pieces and monitored quantities come
+    from the system."""
 
     system: eqx.AbstractVar[object]
 
@@ -100,9 +124,16 @@ class SystemStep(StructureStep):
     def structure(self):
         return self.system.structure
 
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
+
 
 class FieldStep(AbstractStep):
-    """Base of steps built from a vector field: pieces and checks come from the field."""
+    """Base of steps built from a vector field: pieces, checks and monitored quantities
+    come from the field; `at_start` specialises the field to the run."""
 
     field: eqx.AbstractVar[object]
 
@@ -118,3 +149,12 @@ class FieldStep(AbstractStep):
 
     def check(self, x0) -> None:
         self.field.check(x0)
+
+    def at_start(self, z0):
+        return eqx.tree_at(lambda s: s.field, self, self.field.at_start(z0))
+
+    def constraint_residuals(self, x):
+        return self.field.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.field.invariants(x)

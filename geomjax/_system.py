@@ -139,3 +139,41 @@ class System(eqx.Module):
         return jnp.concatenate(
             [self.constraint_functions(x), jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)]
         )
+
+    def constraint_residuals(self, x):
+        """Residuals that vanish on the constraint set S (shape `(r,)`).
+
+        Holonomic g: (g(q), {g, H}); nonholonomic: the constraint momenta J; an embedded
+        group adds its embedding defect. A general second-class set `constraints=f` has no
+        fixed level (S is the level set through x0), so its values are monitored as
+        invariants instead.
+        """
+        x = jnp.asarray(x)
+        parts = []
+        if self.holonomic is not None:
+            parts.append(self.constraint_functions(x))
+        if self.nonholonomic is not None:
+            from ._nonholonomic import nonholonomic_quantities
+
+            quantities = nonholonomic_quantities(self, x)
+            k = quantities.shape[0] - 1 - self.integral_values(x).shape[0]
+            parts.append(quantities[:k])
+        defect = getattr(self.structure, "embedding_defect", None)
+        if defect is not None:
+            parts.append(jnp.ravel(defect(self.structure.split(x)[0])))
+        return jnp.concatenate(parts) if parts else jnp.zeros((0,), x.dtype)
+
+    def invariants(self, x):
+        """First integrals of the exact flow (shape `(i,)`): the levels of second-class
+        constraint functions, the energy (H, or H_ext for a nonholonomic system) and the
+        extra integrals."""
+        x = jnp.asarray(x)
+        if self.nonholonomic is not None:
+            from ._nonholonomic import nonholonomic_quantities
+
+            n_int = self.integral_values(x).shape[0]
+            return nonholonomic_quantities(self, x)[-(n_int + 1) :]
+        if self.constraints is not None:
+            return self.conserved_quantities(x)
+        return jnp.concatenate([jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)])
+

@@ -35,25 +35,32 @@ def convergence_order(
     floor: float = 1e-13,
     ceiling: float = math.inf,
     plateau_ratio: float = 0.5,
-    excess: float = 2.0,
+    window: int = 3,
+    steadiness: float = 0.85,
 ) -> OrderFit:
-    """Measured order p from errors at several step sizes, by least squares on log e = p log h + log C.
+    """Measured order p from errors at several step sizes: the least-squares slope of
+    log e = p log h + log C where the error is asymptotic.
 
-    Round-off plateaus are removed first: points with an error at or below `floor` (or not
-    finite) are dropped, and so are points above `ceiling` (outside the asymptotic range,
-    e.g. near a stability limit); then, going from the smallest h upwards, a point is dropped while
-    the slope of its last segment is below `plateau_ratio` times the slope fitted to the
-    points above it (the error has stopped decreasing with h), or its error exceeds the
-    extrapolation of that fit by more than a factor `excess` (round-off is already a
-    visible part of it).
+    Points with an error at or below `floor` (or not finite) are dropped, and so are
+    points above `ceiling` (outside the asymptotic range, e.g. near a stability limit).
+    The asymptotic regime is where the local slope is steady: going from the smallest h
+    upwards, the first run of `window` consecutive points whose segment slopes are
+    positive and agree (smallest/largest ≥ `steadiness`) is fitted. So neither a
+    round-off plateau at small h (slopes falling towards 0) nor a pre-asymptotic regime at
+    large h (slopes above the order) moves the estimate. If no run is steady, the fit uses
+    every point left after cutting the round-off plateau: going from the smallest h
+    upwards, a point is dropped while its segment slope is below `plateau_ratio` times the
+    slope of the segment above it.
 
     **Arguments:**
 
     - `hs`: step sizes; `errors`: the matching global errors.
     - `floor`: errors at or below this are round-off, not truncation error.
     - `ceiling`: errors above this are pre-asymptotic and ignored (default: none).
-    - `plateau_ratio`: how flat the last segment must be, relative to the fit, to be cut.
-    - `excess`: how far above the fitted trend the smallest-h error may lie.
+    - `plateau_ratio`: how much flatter than the segment above it the last segment must
+      be to count as round-off.
+    - `window`: how many consecutive points make a steady run (at least 2).
+    - `steadiness`: how closely the segment slopes of a run must agree.
 
     **Returns:**
 
@@ -63,10 +70,15 @@ def convergence_order(
     Example:
 
     ```python
-    hs = np.array([0.1, 0.05, 0.025])
-    geomjax.diagnostics.convergence_order(hs, 3.0 * hs**2).order  # 2.0
+    >>> import numpy as np, geomjax
+    >>> hs = np.array([0.1, 0.05, 0.025])
+    >>> round(geomjax.diagnostics.convergence_order(hs, 3.0 * hs**2).order, 6)
+    2.0
+
     ```
     """
+    if int(window) < 2:
+        raise ValueError(f"window must be at least 2, got {window!r}")
     hs = np.asarray(hs, dtype=float).ravel()
     errors = np.asarray(errors, dtype=float).ravel()
     if hs.shape != errors.shape:
@@ -82,11 +94,18 @@ def convergence_order(
             f"round-off floor {floor:g}; use larger step sizes"
         )
     log_h, log_e = np.log(hs), np.log(errors)
+    slopes = np.diff(log_e) / np.diff(log_h)
+    window = min(int(window), log_h.size)
+    for end in range(log_h.size, window - 1, -1):
+        run = slopes[end - window : end - 1]
+        if np.all(run > 0) and run.min() >= steadiness * run.max():
+            used = slice(end - window, end)
+            p, c = _slope(log_h[used], log_e[used])
+            return OrderFit(p, float(np.exp(c)), np.exp(log_h[used]), np.exp(log_e[used]), dropped + log_h.size - window)
     while log_h.size >= 3:
-        fit, intercept = _slope(log_h[:-1], log_e[:-1])
+        above = (log_e[-3] - log_e[-2]) / (log_h[-3] - log_h[-2])
         last = (log_e[-2] - log_e[-1]) / (log_h[-2] - log_h[-1])
-        above_trend = log_e[-1] - (fit * log_h[-1] + intercept) > np.log(excess)
-        if fit > 0 and (last < plateau_ratio * fit or above_trend):
+        if above > 0 and last < plateau_ratio * above:
             log_h, log_e = log_h[:-1], log_e[:-1]
             dropped += 1
         else:

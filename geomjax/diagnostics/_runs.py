@@ -6,19 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._step import SUCCESS, AbstractStep, FunctionStep
+from .._status import RESULTS, where_first
+from .._step import AbstractStep, FunctionStep
 from .._validate import as_state
 
 
 @eqx.filter_jit
 def _iterate(step: AbstractStep, x0, h, n):
-    def body(_, carry):
+    def body(i, carry):
         z, status = carry
-        z1, st = step.advance(z, h)
-        status = jnp.where(status != SUCCESS, status, st).astype(jnp.int32)
-        return z1, status
+        z1, st = step.advance(i * h, z, h, None)
+        return z1, where_first(status, st)
 
-    z, status = lax.fori_loop(0, n, body, (step.split(x0), jnp.asarray(SUCCESS, jnp.int32)))
+    z, status = lax.fori_loop(0, n, body, (step.split(x0), RESULTS.successful))
     return step.merge(z), status
 
 
@@ -27,7 +27,7 @@ def final_state(step, x0, h, n):
 
     The number of steps is a traced argument, so every (h, n) reuses one compilation per
     step: convergence studies over many step sizes compile once. `status` is the first
-    non-success status met (0 if none). Differentiable in forward mode (`jax.jvp`,
+    non-success status met (`RESULTS.successful` if none). Differentiable in forward mode (`jax.jvp`,
     `jax.jacfwd`) in `x0`, `h` and the step's parameters; a loop with a traced length has no
     reverse mode, so for `jax.grad` use `geomjax.integrate` (a `lax.scan`).
 
@@ -38,7 +38,7 @@ def final_state(step, x0, h, n):
 
     **Returns:**
 
-    `(x_n, status)`: the flat final state and an int32 status code.
+    `(x_n, status)`: the flat final state and a `geomjax.RESULTS` item.
 
     Example: `x, status = geomjax.diagnostics.final_state(geomjax.rattle(system), x0, 0.01, 100)`.
     """
@@ -77,7 +77,7 @@ def global_errors(step, x0, t_final: float, num_steps, reference) -> np.ndarray:
     for n in num_steps:
         x, status = final_state(step, x0, t_final / n, int(n))
         x = np.asarray(x)
-        bad = int(status) != SUCCESS or not np.all(np.isfinite(x))
+        bad = bool(status != RESULTS.successful) or not np.all(np.isfinite(x))
         errors.append(np.nan if bad else float(np.max(np.abs(x - reference))))
     return np.asarray(errors)
 

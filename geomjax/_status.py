@@ -1,0 +1,87 @@
+"""Why a run stopped: one enumeration, shared by steps, solves and the driver.
+
+`RESULTS` extends optimistix's (and so lineax's) result enumeration, so the outcome of an
+`optx.root_find` inside a step can be carried out of the step unchanged. Every member's
+message names the cause and what to try; `Solution.message` adds the step and time.
+"""
+
+import equinox as eqx
+import jax.numpy as jnp
+import optimistix as optx
+
+
+class RESULTS(optx.RESULTS):  # pyright: ignore
+    """How a step or a run ended (`geomjax.RESULTS.successful` when it did not fail).
+
+    Members added to optimistix's: `nonfinite_start`, `off_constraint_set`,
+    `nonfinite_first_step`, `diverged`, `newton_failed`, `constraint_violation`,
+    `invariant_drift`, `solver_failed`, `step_size_collapsed`. A status is an
+    `equinox.EnumerationItem`; compare it with `==` (it works under `jit` and `vmap`), and
+    read its sentence with `RESULTS[item]`.
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> status = geomjax.RESULTS.newton_failed
+    >>> bool(status == geomjax.RESULTS.successful)
+    False
+    >>> geomjax.RESULTS[status].startswith("a Newton solve")
+    True
+
+    ```
+    """
+
+    nonfinite_start = (
+        "the initial state has non-finite entries (NaN or inf): nothing was integrated"
+    )
+    off_constraint_set = (
+        "the initial state is off the constraint set (a constraint residual is above "
+        "start_tol): the run would follow a different system. Move x0 onto the constraint "
+        "set first (geomjax.project for holonomic constraints, "
+        "geomjax.project_nonholonomic for nonholonomic ones), or pass start_tol=None to "
+        "integrate deliberately from off the set"
+    )
+    nonfinite_first_step = (
+        "the first step from a finite initial state gave a non-finite state: the system's "
+        "functions, gradients or parameters are not finite at x0 (a NaN parameter, a "
+        "division by zero, a singular constraint matrix)"
+    )
+    diverged = (
+        "the state became non-finite after finite steps: the method is unstable at this "
+        "step size. For a feedback field with an explicit method the step must satisfy "
+        "h·λ_max(L∇²V) < 2 (see euler_step_limit): lower dt or the gains"
+    )
+    newton_failed = (
+        "a Newton solve inside the step did not converge: the implicit equations have no "
+        "solution near the predictor at this step size (lower dt), or the Newton settings "
+        "are too strict (raise max_steps)"
+    )
+    constraint_violation = (
+        "the constraint residuals left their tolerance (drift_tol): the trajectory is no "
+        "longer on the constraint set, so it follows a different system. Lower dt, use a "
+        "method that keeps the constraints (feedback, RATTLE, projection), or, for a "
+        "feedback field with an explicit method, keep h·λ_max(L∇²V) < 2"
+    )
+    invariant_drift = (
+        "a first integral drifted further than drift_tol (relative to its initial value): "
+        "the method is not accurate enough at this step size (lower dt), or, for a "
+        "feedback field with an explicit method, the step is past the stability limit "
+        "h·λ_max(L∇²V) < 2 (see euler_step_limit)"
+    )
+    solver_failed = "the diffrax solver stopped with an error"
+    step_size_collapsed = (
+        "the adaptive step size collapsed: the solver rejected every step near the last "
+        "accepted state, usually because the field is non-finite there"
+    )
+
+
+def where_first(current, new):
+    """Keep the first failure: `current` if it already failed, else `new`."""
+    return RESULTS.where(current == RESULTS.successful, new, current)
+
+
+def from_code(code):
+    """The `RESULTS` item with integer code `code` (an int array, e.g. from a loop carry)."""
+    item = RESULTS.successful
+    return eqx.tree_at(lambda r: r._value, item, jnp.asarray(code, item._value.dtype))
