@@ -6,7 +6,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 
-from ._scalar_graph import scalar_graph
+from .internal.simplify import scalar_graph
 
 
 class AbstractField(eqx.Module):
@@ -44,7 +44,7 @@ class SystemField(AbstractField):
     """Base of fields derived from a `geomjax.System`: pieces come from its structure.
 
     Subclasses give `vector(z)`, the field as derived by autodiff; `rhs` evaluates it
-    through its simplified scalar expression graph (`geomjax._scalar_graph`), which drops
+    through its simplified scalar expression graph (`geomjax.internal.simplify`), which drops
     what the derivation computed but the field does not need.
     """
 

@@ -14,7 +14,7 @@ from jax import lax
 
 import geomjax
 from geomjax import models
-from geomjax._scalar_graph import MAX_INPUTS, scalar_graph
+from geomjax.internal.simplify import MAX_INPUTS, scalar_graph
 
 FEEDBACK_MODELS = {
     "spherical_pendulum": models.spherical_pendulum,
