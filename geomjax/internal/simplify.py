@@ -34,9 +34,11 @@ otherwise, is added to every floating-point output. So:
   its outputs up to rounding (constant factors are multiplied together and like terms
   collected, which can round differently; the sign of a zero is not kept);
 - whenever a removed subexpression is non-finite, so that the function as written would
-  have produced a NaN, every floating-point output is NaN. This is conservative: an
-  output the original left finite (because the NaN went to another output) is NaN too,
-  and an infinity is reported as NaN. Non-finite values are never hidden.
+  have produced a NaN, every floating-point output is non-finite (NaN; the guard is left
+  out for a removed `t` that reaches every output through NaN-propagating arithmetic, or
+  reaches another checked node, since those are non-finite then anyway). This is
+  conservative: an output the original left finite (because the NaN went to another
+  output) is non-finite too. Non-finite values are never hidden.
 
 Differentiating the simplified function differentiates the emitted operations (which
 compute the same function wherever it is finite); `stop_gradient` is kept as an
@@ -658,12 +660,13 @@ class _Expander:
 class _Plan:
     """An expanded, simplified graph, ready to be emitted on new input arrays."""
 
-    def __init__(self, graph, outputs, leaves, order, guard, custom_rules):
+    def __init__(self, graph, outputs, leaves, order, guard, unguarded, custom_rules):
         self.graph = graph
         self.outputs = outputs  # arrays of node ids, one per output leaf
         self.leaves = leaves  # (source, position, index) of every leaf node
         self.order = order  # the operation nodes to evaluate, in order
         self.guard = guard  # (kind, node) of the removed subexpressions to check
+        self.unguarded = unguarded  # output nodes that are non-finite whenever the check is
         self.custom_rules = custom_rules
 
 
@@ -696,23 +699,19 @@ def _build(closed, flat_args):
         arrays = inputs("arg", flat_args, True)
         consts = inputs("const", closed.consts, False)
         outputs = expander.run(closed.jaxpr, consts, arrays)
+        roots = [int(i) for o in outputs for i in np.asarray(o).reshape(-1)]
+        guard, unguarded = _prune(graph, sorted(graph.dropped, key=lambda d: d[1]), roots)
+        needed = _ancestors(graph, roots + [t for _, t in guard])
     except _TooLarge as e:
         return _Fallback(str(e), quiet=True)
     except _Unsupported as e:
         return _Fallback(f"it holds {e}, which the scalar expansion does not handle", quiet=False)
     except Exception as e:  # noqa: BLE001  (any failure of the expansion: evaluate unchanged)
         return _Fallback(f"its expansion failed ({type(e).__name__}: {e})", quiet=False)
-    roots = [int(i) for o in outputs for i in np.asarray(o).reshape(-1)]
-    guard = sorted(graph.dropped, key=lambda d: d[1])
-    needed = _ancestors(graph, roots + [t for _, t in guard])
-    # A removed t is non-finite only if some removed u it flows into through
-    # NaN-propagating arithmetic is non-finite too: checking u covers t.
-    guard = _prune(graph, guard, needed)
-    needed = _ancestors(graph, roots + [t for _, t in guard])
     order = [i for i in sorted(needed) if not isinstance(graph.nodes[i][0], str)]
     if len(order) + 2 * len(guard) > MAX_OPERATIONS:
         return _Fallback(f"more than MAX_OPERATIONS = {MAX_OPERATIONS} scalar operations", quiet=True)
-    return _Plan(graph, outputs, leaves, order, guard, expander.custom_rules)
+    return _Plan(graph, outputs, leaves, order, guard, unguarded, expander.custom_rules)
 
 
 def _ancestors(graph, roots):
@@ -730,25 +729,57 @@ def _ancestors(graph, roots):
 
 
 # An operand that is ±inf or NaN makes the result of these non-finite (inf·0 = NaN,
-# inf − inf = NaN): for `div` only its first operand (x/inf = 0).
-_PROPAGATE = {"add", "sub", "mul", "neg", "sqrt", "square"}
+# inf − inf = NaN); for `div` and positive `integer_pow` only the first operand does (x/inf = 0).
+_PROPAGATE = {"add", "add_any", "sub", "mul", "neg", "sqrt", "square", "stop_gradient", "copy", "copy_p"}
+_PROPAGATE_FIRST = {"div", "integer_pow"}
 
 
-def _prune(graph, guard, needed):
+def _propagating_operands(graph, i):
+    node = graph.nodes[i]
+    if isinstance(node[0], str):
+        return ()
+    name = node[0].name
+    if name in _PROPAGATE:
+        return node[2]
+    if name in _PROPAGATE_FIRST and (name == "div" or node[1]["y"] > 0):
+        return node[2][:1]
+    return ()
+
+
+def _prune(graph, guard, roots):
+    """The removed subexpressions that still need checking, and the output nodes that
+    need no guard.
+
+    A removed `t` need not be checked when its non-finite value reaches, through
+    NaN-propagating arithmetic only, another checked node, or every floating-point output:
+    the outputs are then non-finite without the check. An output that every checked
+    node reaches that way needs no guard added.
+    """
     finite = {t for kind, t in guard if kind == "finite"}
-    if not finite:
-        return guard
-    covered = set()  # nodes whose non-finiteness makes a checked "finite" node non-finite
-    for i in sorted(needed, reverse=True):
-        node = graph.nodes[i]
-        if isinstance(node[0], str) or not (i in finite or i in covered):
-            continue
-        name = node[0].name
-        if name in _PROPAGATE:
-            covered.update(node[2])
-        elif name == "div" or (name == "integer_pow" and node[1]["y"] > 0):
-            covered.add(node[2][0])
-    return [(kind, t) for kind, t in guard if not (kind == "finite" and t in covered)]
+
+    def reached(starts):
+        seen = set()
+        stack = list(starts)
+        while stack:
+            i = stack.pop()
+            if i not in seen:
+                seen.add(i)
+                stack.extend(_propagating_operands(graph, i))
+        return seen
+
+    floating = list(dict.fromkeys(r for r in roots if graph.dtypes[r].kind == "f"))
+    reach = {r: reached([r]) & finite for r in floating}
+    everywhere = set.intersection(*reach.values()) if reach else set()
+    covered = set(everywhere)
+    # a node reaching another checked node is covered by it
+    for t in sorted(finite - covered, reverse=True):
+        if t not in covered:
+            covered |= reached(_propagating_operands(graph, t)) & finite
+    guard = [(kind, t) for kind, t in guard if not (kind == "finite" and t in covered)]
+    checked = {t for kind, t in guard}
+    # an output reached by every checked node is non-finite whenever the check is
+    unguarded = {r for r in floating if all(kind == "finite" for kind, _ in guard) and checked <= reach[r]}
+    return guard, unguarded
 
 
 def _emit(plan: _Plan, flat_args, consts, out_avals):
@@ -789,11 +820,12 @@ def _emit(plan: _Plan, flat_args, consts, out_avals):
         if ids.size == 0:
             results.append(jnp.zeros(aval.shape, aval.dtype))
             continue
-        flat = [jnp.asarray(value(int(i)), dtype=aval.dtype) for i in ids.reshape(-1)]
-        out = jnp.stack(flat).reshape(aval.shape)
-        if check is not None and jnp.issubdtype(aval.dtype, jnp.inexact):
-            out = out + check.astype(aval.dtype)
-        results.append(out)
+        guarded = check is not None and jnp.issubdtype(aval.dtype, jnp.inexact)
+        flat = []
+        for i in ids.reshape(-1):
+            v = jnp.asarray(value(int(i)), dtype=aval.dtype)
+            flat.append(v + check.astype(aval.dtype) if guarded and int(i) not in plan.unguarded else v)
+        results.append(jnp.stack(flat).reshape(aval.shape))
     return results
 
 
