@@ -85,8 +85,9 @@ def test_the_spherical_pendulum_feedback_field_loses_the_structural_zeros(spheri
     derived = _arith_count(y.vector, z)
     simplified = _arith_count(y.rhs, z)
     # A hand derivation (seed 000 eqs. (7)–(8)) needs about 100 scalar operations; the
-    # autodiff derivation as traced has several times that in vector operations.
-    assert simplified <= 95, simplified
+    # autodiff derivation as traced has several times that in vector operations. The
+    # graph keeps 87, and the finiteness guard adds 11 (3 checks, their sum, 6 outputs).
+    assert simplified <= 100, simplified
     assert simplified < derived
     jaxpr = jax.make_jaxpr(y.rhs)(z).jaxpr
     for eqn in jaxpr.eqns:
@@ -164,9 +165,10 @@ def test_unknown_operations_and_large_inputs_fall_back(rng):
     def with_loop(v):
         return lax.fori_loop(0, 3, lambda i, a: a * v, v)
 
+    np.testing.assert_allclose(scalar_graph(with_loop, x), with_loop(x))  # concrete: folded
     with pytest.warns(UserWarning, match="scan"):
-        np.testing.assert_allclose(scalar_graph(with_loop, x), with_loop(x))
-    assert {"while", "scan"} & set(_emitted(with_loop, x))
+        assert {"while", "scan"} & set(_emitted(with_loop, x))
+        np.testing.assert_allclose(jax.jit(lambda v: scalar_graph(with_loop, v))(x), with_loop(x))
     big = jnp.asarray(rng.standard_normal(MAX_INPUTS + 1))
     ops = _emitted(lambda v: 0.0 * v + v, big)
     assert "mul" in ops  # evaluated unchanged
