@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ._monitored import AbstractMonitored
-from ._scalar_graph import scalar_graph
+from .internal.simplify import scalar_graph
 
 
 class AbstractField(AbstractMonitored):
@@ -32,7 +32,7 @@ class SystemField(AbstractField):
     """Base of fields derived from a `geomjax.System`: pieces come from its structure.
 
     Subclasses give `vector(z)`, the field as derived by autodiff; `rhs` evaluates it
-    through its simplified scalar expression graph (`geomjax._scalar_graph`), which drops
+    through its simplified scalar expression graph (`geomjax.internal.simplify`), which drops
     what the derivation computed but the field does not need. The monitored quantities
     are the system's (constraint residuals; energy and first integrals).
     """
