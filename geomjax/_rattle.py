@@ -156,7 +156,11 @@ class Rattle(SystemStep):
         return (q1, p1), status
 
 
-#: Newton iterations RATTLE and SHAKE run by default (written out, then checked).
+#: Newton iterations RATTLE and SHAKE run by default (written out, then checked). Three
+#: reach round-off from ν = 0 up to h ≈ 0.1 on the spherical pendulum (two only up to
+#: h ≈ 0.01). Written out they pay: spherical pendulum, h = 1e-3 (benchmarks/rattle.py,
+#: interleaved best-of-20): 3 written out 54 ns/step, 2 written out 44, while loop ~104,
+#: optimistix.root_find ~2900; hand-written with 2 fixed iterations 31, closed form 27.
 RATTLE_ITERATIONS = 3
 
 
