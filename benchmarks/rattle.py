@@ -2,10 +2,15 @@
 
 All JAX variants run in the same `lax.scan` loop over the (q, p) pieces with h = 1e−3:
 
-- derived:   `geomjax.rattle(system).advance`, everything from autodiff of H and g = |q|² − 1,
-             λ by `newton_solve` (a while loop), μ by one linear solve;
+- derived:   `geomjax.rattle(system).advance` (defaults), everything from autodiff of H and
+             g = |q|² − 1, ν = h²λ/2 by `geomjax.Newton` (a fixed number of iterations written
+             out, then a check of the residual), μ by one linear solve;
+- derived, loop / derived, optimistix: the same with `Newton()` (a while loop) and with
+             `Newton(backend="optimistix")` (`optimistix.root_find`, lineax LU);
 - hand:      the same algorithm written out for the sphere: scalar Newton on λ for
              |q + h p½(λ)|² = 1 in a while loop with the same stopping test, μ in closed form;
+- hand, fixed: scalar Newton with a fixed number of iterations (`FIXED`, enough from ν = 0 at
+             this h) and no loop, no check: the fast RATTLE a person writes;
 - hand, closed form: λ from the quadratic equation (no iteration), the fastest RATTLE a
              person would write for this one constraint (a lower bound, not the same algorithm);
 - integrate: the public driver `geomjax.integrate(geomjax.rattle(system), ...)` (adds the
@@ -37,9 +42,12 @@ MAX_ITER = 25
 # Steps on (q, p) for H = |p|²/2 + q₃ and g = |q|² − 1 (m = g = ℓ = 1)
 
 
-def derived_step():
+FIXED = 2
+
+
+def derived_step(newton=None):
     model = geomjax.models.spherical_pendulum(holonomic=True)
-    step = geomjax.rattle(model.system)
+    step = geomjax.rattle(model.system, newton=newton)
     return lambda q, p: step.advance((q, p), H)[0]
 
 
@@ -74,6 +82,20 @@ def hand_newton_step(q, p):
 
     nu, _, _ = jax.lax.while_loop(cond, body, (jnp.zeros((), q.dtype), 0, False))
     q1, p_half = position(nu)
+    return q1, _velocity_projection(q1, p_half)
+
+
+def hand_fixed_step(q, p):
+    """RATTLE for the sphere by hand: `FIXED` scalar Newton iterations on ν from ν = 0."""
+    e3 = jnp.array([0.0, 0.0, 1.0])
+    kick = p - 0.5 * H * e3
+    w = q + H * kick  # q₁ at ν = 0; q₁(ν) = w − 2νq
+    nu = jnp.zeros((), q.dtype)
+    for _ in range(FIXED):
+        q1 = w - 2.0 * nu * q
+        nu = nu - (q1 @ q1 - 1.0) / (-4.0 * (q1 @ q))
+    q1 = w - 2.0 * nu * q
+    p_half = kick - (2.0 * nu / H) * q
     return q1, _velocity_projection(q1, p_half)
 
 
@@ -129,7 +151,10 @@ def main(argv=None):
     x0 = model.x0
     steps = {
         "derived": derived_step(),
+        "derived, loop": derived_step(geomjax.Newton()),
+        "derived, optimistix": derived_step(geomjax.Newton(backend="optimistix")),
         "hand": hand_newton_step,
+        "hand, fixed": hand_fixed_step,
         "hand, closed form": hand_closed_form_step,
     }
 
@@ -166,14 +191,16 @@ def main(argv=None):
     print(f"compiled loop: derived {fus_d} fusions, {cc_d} custom calls; hand {fus_h} fusions, {cc_h} custom calls")
     print()
     n1, nb = args.steps, args.batch * args.batch_steps
-    print(f"{'variant':<20}{'single [s]':>12}{'ns/step':>10}{'vs hand':>9}"
+    print(f"{'variant':<22}{'single [s]':>12}{'ns/step':>10}{'vs hand':>9}"
           f"{'vmap ' + str(args.batch) + ' [s]':>16}{'traj-steps/s':>15}{'vs hand':>9}")
-    for name in ["hand", "hand, closed form", "derived", "integrate"]:
+    for name in ["hand", "hand, fixed", "hand, closed form", "derived", "derived, loop", "derived, optimistix", "integrate"]:
         t1, tb = times[name], btimes[name]
-        print(f"{name:<20}{t1:>12.4f}{t1 / n1 * 1e9:>10.0f}{t1 / times['hand']:>9.2f}"
+        print(f"{name:<22}{t1:>12.4f}{t1 / n1 * 1e9:>10.0f}{t1 / times['hand']:>9.2f}"
               f"{tb:>16.4f}{nb / tb:>15.3g}{tb / btimes['hand']:>9.2f}")
-    print(f"{'NumPy loop':<20}{t_numpy:>12.2f}{t_numpy / n1 * 1e9:>10.0f}{t_numpy / times['hand']:>9.1f}")
+    print(f"{'NumPy loop':<22}{t_numpy:>12.2f}{t_numpy / n1 * 1e9:>10.0f}{t_numpy / times['hand']:>9.1f}")
     print()
+    print(f"derived / hand, fixed ({FIXED} iterations): {times['derived'] / times['hand, fixed']:.2f}x (single), "
+          f"{btimes['derived'] / btimes['hand, fixed']:.2f}x (vmap {args.batch})")
     print(f"derived / hand: {times['derived'] / times['hand']:.2f}x (single), "
           f"{btimes['derived'] / btimes['hand']:.2f}x (vmap {args.batch}); "
           f"derived / closed form: {times['derived'] / times['hand, closed form']:.2f}x, "

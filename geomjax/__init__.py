@@ -43,6 +43,7 @@ from ._nonholonomic import (
     project_nonholonomic as project_nonholonomic,
 )
 from ._dla import dla as dla, discrete_lagrange_dalembert as discrete_lagrange_dalembert
+from ._newton import Newton as Newton, NewtonResult as NewtonResult
 from ._rattle import rattle as rattle, shake as shake
 from ._splitting import (
     compose as compose,

@@ -9,7 +9,7 @@ one-forms, one step (q₀, p₀) ↦ (q₁, p₁) of size h is
     0  = ω(q₁) H_p(q₁, p₁)
 
 The first line is explicit; the rest is one Newton solve for (q₁, p₁, λ) (2n + k
-unknowns) with autodiff Jacobians (`geomjax._newton.newton_solve`, exact implicit
+unknowns) with autodiff Jacobians (`geomjax.Newton`, exact implicit
 gradients). The scheme is second order and reversible, keeps the constraint
 ω(q)·H_p = 0 at every step to the Newton tolerance, and on reversible problems such as
 the contact oscillator keeps the energy error bounded.
@@ -19,7 +19,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._newton import newton_solve
+from ._newton import Newton, as_newton
 from ._linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
 from ._step import SystemStep, newton_status
 from ._structures import CanonicalStructure
@@ -29,14 +29,12 @@ from ._system import System
 class DiscreteLagrangeDAlembert(SystemStep):
     """The McLachlan–Perlmutter DLA step on the pieces (q, p); built by `geomjax.dla(system)`.
 
-    `advance(t, z, h, args)` returns `(z_next, status)`, status `NEWTON_FAILED` when the implicit
+    `advance(t, z, h, args)` returns `(z_next, status)`, status `RESULTS.newton_failed` when the implicit
     solve did not converge (then `geomjax.integrate` reports the step).
     """
 
     system: System
-    rtol: float = eqx.field(static=True, default=1e-13)
-    atol: float = eqx.field(static=True, default=1e-13)
-    max_iter: int = eqx.field(static=True, default=25)
+    newton: Newton = Newton()
 
     def check(self, x0) -> None:
         from ._nonholonomic import _check_matrix_at
@@ -72,13 +70,20 @@ class DiscreteLagrangeDAlembert(SystemStep):
         p_guess = p0 - h * kick0
         q_guess = q_half + half * h_p(q_half, p_guess)
         guess = (q_guess, p_guess, jnp.zeros((k,), p0.dtype))
-        sol = newton_solve(residual, guess, rtol=self.rtol, atol=self.atol, max_iter=self.max_iter)
+        sol = self.newton.solve(residual, guess)
         q1, p1, _ = sol.value
         status = newton_status(sol.converged)
         return (q1, p1), status
 
 
-def dla(system: System, *, rtol: float = 1e-13, atol: float = 1e-13, max_iter: int = 25) -> DiscreteLagrangeDAlembert:
+def dla(
+    system: System,
+    *,
+    newton: Newton | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_iter: int | None = None,
+) -> DiscreteLagrangeDAlembert:
     """The discrete Lagrange–d'Alembert integrator of McLachlan and Perlmutter (2006, eq. 4.18).
 
     For a nonholonomic system on T*Rⁿ (`System(H, canonical(n), nonholonomic=omega)`):
@@ -92,7 +97,8 @@ def dla(system: System, *, rtol: float = 1e-13, atol: float = 1e-13, max_iter: i
     **Arguments:**
 
     - `system`: a nonholonomic `geomjax.System` on `geomjax.canonical(n)`.
-    - `rtol`, `atol`, `max_iter`: Newton tolerances on the update, and the iteration limit.
+    - `newton`: a `geomjax.Newton` for the solve (default `Newton()`, a loop).
+    - `rtol`, `atol`, `max_iter`: the earlier keywords, mapped onto `newton`.
 
     **Returns:**
 
@@ -114,7 +120,7 @@ def dla(system: System, *, rtol: float = 1e-13, atol: float = 1e-13, max_iter: i
             "dla is defined on T*Rⁿ (geomjax.canonical(n)); for Lie groups integrate the "
             "feedback or extended field instead"
         )
-    return DiscreteLagrangeDAlembert(system, rtol, atol, max_iter)
+    return DiscreteLagrangeDAlembert(system, as_newton(newton, rtol, atol, max_iter))
 
 
 #: Long name of `dla`.

@@ -1,10 +1,19 @@
 """Newton's method for the small implicit systems inside steps, with exact gradients.
 
-Implicit steps (RATTLE multipliers, implicit Runge–Kutta stages, discrete
-Lagrange–d'Alembert) solve a few equations per step. This solver uses autodiff Jacobians,
-the unrolled `small_solve` (no LAPACK custom call inside the loop) and
-`jax.lax.custom_root`, so derivatives of the solution follow the implicit function
-theorem instead of differentiating through the iterations.
+Implicit steps (RATTLE multipliers, implicit Runge–Kutta stages, projections, discrete
+Lagrange–d'Alembert) solve a few equations per step. Their solver settings live in one
+place, the `Newton` module, which every implicit step stores.
+
+Two back ends:
+
+- `"unrolled"` (default): autodiff Jacobians and the unrolled `small_solve` (no LAPACK
+  custom call inside the step), either a fixed number of iterations written out without a
+  loop (`iterations=k`) followed by a convergence check, or a `lax.while_loop`
+  (`iterations=None`). Derivatives follow the implicit function theorem
+  (`jax.lax.custom_root`), never the iterations.
+- `"optimistix"`: `optimistix.root_find` with `optimistix.Newton` and `ImplicitAdjoint`
+  (lineax linear solves). Same flags out, same implicit gradients; slower on these tiny
+  systems (see `benchmarks/rattle.py`), kept for comparison and for larger systems.
 """
 
 from collections.abc import Callable
@@ -15,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._linalg import small_solve
+from ._linalg import _UNROLL_MAX, small_solve
 
 
 class NewtonResult(eqx.Module):
@@ -27,61 +36,163 @@ class NewtonResult(eqx.Module):
     iterations: jax.Array
 
 
-def newton_solve(
-    fn: Callable,
-    guess,
-    *,
-    rtol: float = 1e-13,
-    atol: float = 1e-13,
-    max_iter: int = 25,
-) -> NewtonResult:
-    """Solve `fn(x) = 0` by Newton's method, x a pytree of arrays.
+_BACKENDS = ("unrolled", "optimistix")
 
-    Iterates x ← x − J(x)⁻¹ fn(x), J = ∂fn/∂x by forward-mode autodiff, until the update
-    satisfies |Δx|_∞ ≤ atol + rtol·|x|_∞ (and the residual is finite) or `max_iter`
-    iterations are spent. The solution's derivatives with respect to anything `fn` closes
-    over are exact: −J⁻¹ ∂fn/∂θ by the implicit function theorem (`jax.lax.custom_root`).
 
-    **Arguments:**
+class Newton(eqx.Module):
+    """Settings of the Newton solves inside implicit steps, and the solver itself.
 
-    - `fn`: callable `x ↦ residual`, the residual with the same total size as `x`.
-    - `guess`: the starting point (e.g. the explicit predictor).
-    - `rtol`, `atol`: tolerances on the Newton update.
-    - `max_iter`: the most iterations.
+    Newton's method for fn(x) = 0: x ← x − J(x)⁻¹ fn(x), J = ∂fn/∂x by forward-mode
+    autodiff (or a fixed matrix given to `solve`, the simplified/chord iteration). The test
+    for success is on the size of a Newton update measured in the units of the unknown,
+    |Δx|_∞ ≤ atol + rtol·|x|_∞, where after a fixed number of iterations Δx is the update
+    that the *final residual* fn(x_k) would give (the residual at the returned point, mapped
+    through the last Jacobian): the returned point itself is checked, not its predecessor.
+    Steps choose unknowns of a natural size (RATTLE solves for a displacement, implicit RK
+    for stage increments), so these tolerances are meaningful at any step size.
 
-    **Returns:**
+    **Fields:**
 
-    A `NewtonResult`; `converged` is False when the iteration ran out or produced a
-    non-finite value: steps turn it into the status `NEWTON_FAILED`.
+    - `rtol`, `atol`: tolerances of the update test (≥ 0, not both 0 unless `iterations` is
+      set, when a zero tolerance only makes `converged` stricter).
+    - `max_steps`: the most iterations of the loop (`iterations=None`), ≥ 1; not used with
+      a fixed `iterations`.
+    - `iterations`: `None` (default) to iterate in a `lax.while_loop` until the update test
+      holds or `max_steps` are spent; an integer k ≥ 1 to run exactly k iterations written
+      out without a loop (they fuse with the rest of the step), then check the residual at
+      the result. A failed check gives `converged=False`; the value is not repaired, and
+      steps report `NEWTON_FAILED`.
+    - `backend`: `"unrolled"` (default) or `"optimistix"` (`optimistix.root_find` with
+      `optimistix.Newton`; `iterations` must then be `None`).
 
     Example:
 
     ```python
-    res = newton_solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
-    res.value  # [1.41421356]
+    >>> import jax.numpy as jnp
+    >>> from geomjax._newton import Newton
+    >>> res = Newton(rtol=1e-14, atol=1e-14).solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
+    >>> print(f"{float(res.value[0]):.12f}", bool(res.converged))
+    1.414213562373 True
+    >>> res = Newton(iterations=2).solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
+    >>> bool(res.converged)  # two iterations from 1.0 are not enough for 1e-13
+    False
+
     ```
     """
+
+    rtol: float = eqx.field(static=True, default=1e-13)
+    atol: float = eqx.field(static=True, default=1e-13)
+    max_steps: int = eqx.field(static=True, default=25)
+    iterations: int | None = eqx.field(static=True, default=None)
+    backend: str = eqx.field(static=True, default="unrolled")
+
+    def __check_init__(self):
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0.0 or value == float("inf"):
+                raise ValueError(f"Newton {name} must be a finite number >= 0, got {value!r}")
+        if self.iterations is None and self.rtol == 0.0 and self.atol == 0.0:
+            raise ValueError("Newton needs rtol > 0 or atol > 0 to stop its loop (or a fixed iterations=k)")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ValueError(f"Newton max_steps must be an integer >= 1, got {self.max_steps!r}")
+        if self.iterations is not None and (
+            isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1
+        ):
+            raise ValueError(f"Newton iterations must be None or an integer >= 1, got {self.iterations!r}")
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"Newton backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.backend == "optimistix" and self.iterations is not None:
+            raise ValueError("Newton(backend='optimistix') iterates in a loop: leave iterations=None")
+
+    def small(self, dx, x):
+        """The update test |dx|_∞ ≤ atol + rtol·|x|_∞ on flat arrays."""
+        return jnp.max(jnp.abs(dx)) <= self.atol + self.rtol * jnp.max(jnp.abs(x))
+
+    def solve(self, fn: Callable, guess, *, jacobian=None) -> NewtonResult:
+        """Solve `fn(x) = 0` from `guess` (a pytree of arrays; `fn(x)` has the same total size).
+
+        `jacobian`, if given, is a fixed matrix (flat size × flat size, in the order of
+        `ravel_pytree(guess)`) used instead of ∂fn/∂x in every iteration: the simplified
+        Newton (chord) iteration, e.g. I − h A⊗J for implicit Runge–Kutta stages. The
+        derivatives of the solution always use the exact ∂fn/∂x (implicit function
+        theorem), whatever matrix drove the iteration.
+
+        Returns a `NewtonResult`; `converged` is False when the test failed or a value is
+        not finite.
+        """
+        if self.backend == "optimistix":
+            if jacobian is not None:
+                raise ValueError("a fixed jacobian is only for backend='unrolled'")
+            return _optimistix_solve(self, fn, guess)
+        return _unrolled_solve(self, fn, guess, jacobian)
+
+
+def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian):
     flat_guess, unravel = ravel_pytree(guess)
 
     def residual(y):
         return ravel_pytree(fn(unravel(y)))[0]
 
     def solve(g, y0):
-        def cond(carry):
-            _, k, done, _ = carry
-            return (k < max_iter) & ~done
+        if fixed_jacobian is None:
+            jac_of = jax.jacfwd(g)
+            linear_solve = small_solve
+        else:
+            jac_of = lambda _: fixed_jacobian  # noqa: E731
+            if fixed_jacobian.shape[0] > _UNROLL_MAX:
+                # Factor the fixed matrix once; every iteration then costs two triangular
+                # solves instead of a new factorisation.
+                factors = jax.scipy.linalg.lu_factor(fixed_jacobian)
+                linear_solve = lambda _, b: jax.scipy.linalg.lu_solve(factors, b)  # noqa: E731
+            else:
+                linear_solve = small_solve
+        def loop(y, k, done):
+            def cond(carry):
+                _, k, done, _ = carry
+                return (k < settings.max_steps) & ~done
 
-        def body(carry):
-            y, k, _, _ = carry
-            r, jac = g(y), jax.jacfwd(g)(y)
-            dy = small_solve(jac, r)
-            y_new = y - dy
-            finite = jnp.all(jnp.isfinite(y_new))
-            small = jnp.max(jnp.abs(dy)) <= atol + rtol * jnp.max(jnp.abs(y_new))
-            return y_new, k + 1, small | ~finite, finite & small
+            def body(carry):
+                y, k, _, _ = carry
+                dy = linear_solve(jac_of(y), g(y))
+                y_new = y - dy
+                finite = jnp.all(jnp.isfinite(y_new))
+                small = settings.small(dy, y_new)
+                return y_new, k + 1, small | ~finite, finite & small
 
-        init = (y0, jnp.asarray(0), jnp.asarray(False), jnp.asarray(False))
-        y, k, _, ok = lax.while_loop(cond, body, init)
+            y, k, _, ok = lax.while_loop(cond, body, (y, k, done, done))
+            return y, k, ok
+
+        if settings.iterations is None:
+            y, k, ok = loop(y0, jnp.asarray(0), jnp.asarray(False))
+        else:
+            # A fixed count, written out without a loop (it fuses with the step), then a check.
+            y, sizes = y0, []
+            for _ in range(settings.iterations):
+                jac = jac_of(y)
+                dy = linear_solve(jac, g(y))
+                y = y - dy
+                sizes.append(jnp.max(jnp.abs(dy)))
+            tol = settings.atol + settings.rtol * jnp.max(jnp.abs(y))
+            if len(sizes) >= 2:
+                # Error of the result estimated from the last two updates, no extra residual
+                # evaluation: with θ = |Δₖ|/|Δₖ₋₁|, θ/(1 − θ)|Δₖ| for the linearly converging
+                # chord iteration (fixed matrix; Hairer–Wanner IV.8) and θ²|Δₖ|/(1 − θ) for
+                # Newton (quadratic: eₖ ≈ C|Δₖ|², C ≈ |Δₖ|/|Δₖ₋₁|²). θ ≥ 1 fails, unless both
+                # updates are already within the tolerance (round-off after convergence).
+                prev, last = sizes[-2], sizes[-1]
+                theta = last / jnp.maximum(prev, jnp.finfo(y.dtype).tiny)
+                factor = theta if fixed_jacobian is None else jnp.ones_like(theta)
+                estimate = jnp.where(theta < 1.0, factor * theta / (1.0 - theta) * last, jnp.inf)
+                estimate = jnp.where(last == 0.0, 0.0, estimate)
+                ok = (estimate <= tol) | ((prev <= tol) & (last <= tol))
+            else:
+                # One iteration: the update that the residual at the result would give.
+                ok = jnp.max(jnp.abs(linear_solve(jac, g(y)))) <= tol
+            ok = ok & jnp.all(jnp.isfinite(y))
+            # No loop follows, not even one that runs zero times when the check passed:
+            # on the CPU that alone costs more than RATTLE's whole step (44 -> 190 ns/step,
+            # benchmarks/rattle.py), so a failed check is reported, not repaired.
+            k = jnp.asarray(settings.iterations)
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)
 
@@ -92,3 +203,65 @@ def newton_solve(
     y, aux = lax.custom_root(residual, flat_guess, solve, tangent_solve, has_aux=True)
     aux = lax.stop_gradient(aux)
     return NewtonResult(unravel(y), aux[0] > 0.5, aux[1].astype(jnp.int32))
+
+
+def _optimistix_solve(settings: Newton, fn, guess):
+    import lineax as lx
+    import optimistix as optx
+
+    solver = optx.Newton(rtol=settings.rtol, atol=settings.atol, linear_solver=lx.LU())
+    sol = optx.root_find(
+        lambda y, _: fn(y),
+        solver,
+        guess,
+        throw=False,
+        max_steps=settings.max_steps,
+        adjoint=optx.ImplicitAdjoint(linear_solver=lx.LU()),
+    )
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(sol.value)]))
+    converged = (sol.result == optx.RESULTS.successful) & finite
+    return NewtonResult(sol.value, converged, jnp.asarray(sol.stats["num_steps"], jnp.int32))
+
+
+def as_newton(newton: Newton | None, rtol=None, atol=None, max_iter=None, *, default: Newton | None = None) -> Newton:
+    """The `Newton` a step stores: `newton` if given, else `default` with the old keyword
+    arguments `rtol`, `atol`, `max_iter` (= `max_steps`, and a loop) put in where given."""
+    legacy = {k: v for k, v in (("rtol", rtol), ("atol", atol), ("max_steps", max_iter)) if v is not None}
+    if newton is not None:
+        if not isinstance(newton, Newton):
+            raise TypeError(f"newton must be a geomjax.Newton, got {type(newton).__name__}")
+        if legacy:
+            raise ValueError("give either newton=Newton(...) or rtol/atol/max_iter, not both")
+        return newton
+    base = Newton() if default is None else default
+    if "max_steps" in legacy:
+        legacy["iterations"] = None  # an iteration limit asks for the loop
+    return _replace(base, **legacy) if legacy else base
+
+
+def _replace(n: Newton, **changes) -> Newton:
+    fields = dict(rtol=n.rtol, atol=n.atol, max_steps=n.max_steps, iterations=n.iterations, backend=n.backend)
+    fields.update(changes)
+    return Newton(**fields)
+
+
+def newton_solve(
+    fn: Callable,
+    guess,
+    *,
+    rtol: float = 1e-13,
+    atol: float = 1e-13,
+    max_iter: int = 25,
+) -> NewtonResult:
+    """Solve `fn(x) = 0` by Newton's method in a loop: `Newton(rtol, atol, max_iter).solve`.
+
+    Kept for callers of the earlier function; see `Newton` for the settings.
+
+    Example:
+
+    ```python
+    res = newton_solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
+    res.value  # [1.41421356]
+    ```
+    """
+    return Newton(rtol=rtol, atol=atol, max_steps=max_iter).solve(fn, guess)

@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._newton import newton_solve
+from ._newton import Newton, as_newton
 from ._rattle import _Mechanics
 from ._splitting import _same_layout
 from ._status import where_first
@@ -18,9 +18,7 @@ class Projected(AbstractStep):
     step: AbstractStep
     system: System
     level: jax.Array | None
-    rtol: float = eqx.field(static=True, default=1e-13)
-    atol: float = eqx.field(static=True, default=1e-13)
-    max_iter: int = eqx.field(static=True, default=25)
+    newton: Newton = Newton()
 
     def split(self, x):
         return self.step.split(x)
@@ -45,7 +43,7 @@ class Projected(AbstractStep):
         return self.system.invariants(x)
 
     def _solve(self, fn, guess):
-        return newton_solve(fn, guess, rtol=self.rtol, atol=self.atol, max_iter=self.max_iter)
+        return self.newton.solve(fn, guess)
 
     def _project_holonomic(self, q, p):
         mech = _Mechanics(self.system)
@@ -98,9 +96,10 @@ def project(
     system: System,
     *,
     level=None,
-    rtol: float = 1e-13,
-    atol: float = 1e-13,
-    max_iter: int = 25,
+    newton: Newton | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_iter: int | None = None,
 ) -> Projected:
     """Any step followed by projection onto the constraint set (a comparison method).
 
@@ -116,7 +115,7 @@ def project(
 
     The result keeps the constraints at round-off and the base method's order, but is in
     general neither symplectic nor symmetric (unlike RATTLE). A failed Newton solve gives
-    the status `NEWTON_FAILED`; the base step's own failures are reported first.
+    the status `RESULTS.newton_failed`; the base step's own failures are reported first.
 
     **Arguments:**
 
@@ -124,7 +123,8 @@ def project(
     - `system`: the `geomjax.System` whose constraint set to project onto.
     - `level`: for `constraints=f` systems, the values of f on S (e.g. `f(x0)`); not used
       with `holonomic=g` (S is g = 0).
-    - `rtol`, `atol`, `max_iter`: Newton tolerances.
+    - `newton`: a `geomjax.Newton` for both solves (default `Newton()`, a loop).
+    - `rtol`, `atol`, `max_iter`: the earlier keywords, mapped onto `newton`.
 
     **Returns:**
 
@@ -154,4 +154,4 @@ def project(
         level = jnp.atleast_1d(jnp.asarray(level, dtype=jnp.float64))
     else:
         raise ValueError("project needs a constrained System (holonomic=g or constraints=f)")
-    return Projected(step, system, level, rtol, atol, max_iter)
+    return Projected(step, system, level, as_newton(newton, rtol, atol, max_iter))

@@ -134,3 +134,31 @@ def test_vmap_over_initial_states_and_diffrax_adapter():
         saveat=diffrax.SaveAt(t1=True),
     )
     np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.asarray(finals[0]), atol=1e-12)
+
+
+def test_global_error_keeps_decreasing_as_h_squared():
+    # t ∈ [0, 1], h = 1e-2 ... 1.5625e-4: the Newton solve must not put a floor under the
+    # error (the reference, Yoshida-4 with 2560 steps, is accurate to ~1e-15).
+    hs = [1e-2 / 2**i for i in range(7)]
+    errors = diagnostics.global_errors(RATTLE, X0, 1.0, [int(round(1 / h)) for h in hs], sphere_reference())
+    ratios = errors[:-1] / errors[1:]
+    assert np.all(np.abs(ratios - 4.0) < 0.05), (errors, ratios)
+    assert errors[-1] < 5e-8, errors
+
+
+@pytest.mark.parametrize("h", [0.1, 1e-2, 1e-3, 1e-5])
+def test_one_step_lands_on_the_sphere_at_round_off(h):
+    x = state_on_sphere()
+    (q1, p1), status = RATTLE.advance(RATTLE.split(x), h)
+    assert int(status) == 0
+    scale = float(q1 @ q1)  # g = |q|² − 1 is computed from terms of size |q|²
+    assert abs(float(q1 @ q1) - 1.0) <= 1e-15 * scale
+    assert abs(float(q1 @ p1)) <= 1e-15 * (1.0 + float(jnp.abs(p1).max()))
+
+
+def test_failure_is_per_member_under_vmap():
+    # h = 1 has no solution of g(q₁) = 0 from x0; the other members are unaffected.
+    hs = jnp.array([0.01, 1.0, 0.05])
+    (q1, _), status = jax.vmap(lambda h: RATTLE.advance(RATTLE.split(X0), h))(hs)
+    assert np.asarray(status).tolist() == [0, NEWTON_FAILED, 0]
+    np.testing.assert_allclose(np.sum(np.asarray(q1)[[0, 2]] ** 2, axis=1), 1.0, atol=2e-16)
