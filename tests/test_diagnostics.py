@@ -95,7 +95,7 @@ def test_projection_method_keeps_constraints_and_base_order():
     fit = measured_order(step, X0, sphere_reference())
     assert abs(fit.order - 4.0) <= 0.3, fit
     x, status = diagnostics.final_state(step, X0, 0.1, 50)
-    assert int(status) == 0
+    assert bool(status == geomjax.RESULTS.successful)
     assert float(jnp.abs(SPHERE.system.constraint_functions(x)).max()) < 1e-12
     # The seed's general form needs the level of f on S.
     with pytest.raises(ValueError, match="level="):
@@ -104,11 +104,11 @@ def test_projection_method_keeps_constraints_and_base_order():
     general = geomjax.project(euler, SPHERE_F.system, level=SPHERE_F.system.constraint_functions(X0))
     x, status = diagnostics.final_state(general, X0, 0.01, 100)
     f = SPHERE_F.system.constraint_functions(x) - SPHERE_F.system.constraint_functions(X0)
-    assert int(status) == 0 and float(jnp.abs(f).max()) < 1e-12
+    assert bool(status == geomjax.RESULTS.successful) and float(jnp.abs(f).max()) < 1e-12
 
 
 def test_final_state_reports_failure():
     x, status = diagnostics.final_state(geomjax.rattle(SPHERE.system), X0, 1.0, 3)
-    assert int(status) == NEWTON_FAILED
+    assert bool(status == NEWTON_FAILED)
     errs = diagnostics.global_errors(geomjax.rattle(SPHERE.system), X0, 3.0, [3], X0)
     assert np.isnan(errs[0])

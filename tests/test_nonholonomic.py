@@ -302,7 +302,7 @@ def test_free_rigid_body_on_the_bundle_matches_euler_equations():
 def _iterate(step, x0, h, n):
     def body(_, carry):
         z, ok = carry
-        z, status = step.advance(z, h)
+        z, status = step.advance(0.0, z, h, None)
         return z, ok & (status == 0)
 
     z, ok = lax.fori_loop(0, n, body, (step.split(x0), jnp.asarray(True)))

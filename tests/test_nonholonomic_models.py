@@ -23,7 +23,7 @@ from geomjax import models
 @eqx.filter_jit
 def _run(step, x0, h, n):
     """`n` steps of `step` from x0 (h and n traced: one compilation per step type)."""
-    z = lax.fori_loop(0, n, lambda _, z: step.advance(z, h)[0], step.split(x0))
+    z = lax.fori_loop(0, n, lambda _, z: step.advance(0.0, z, h, None)[0], step.split(x0))
     return step.merge(z)
 
 

@@ -70,7 +70,7 @@ def test_simplified_fields_equal_the_fields_as_derived(name, rng):
         def both(xs, field=field):
             def one(x):
                 z = field.split(x)
-                return field.merge(field.rhs(z)), field.merge(field.vector(z))
+                return field.merge(field.rhs(0.0, z, None)), field.merge(field.vector(z))
 
             return jax.vmap(one)(xs)
 
@@ -188,7 +188,7 @@ def test_several_constraints_expand_through_the_pivoting_solve(rng):
     field = geomjax.dirac_field(system)
     x = jnp.asarray(np.concatenate([[0.6, 0.8, 0.8, -0.6], 0.1 * rng.standard_normal(n)]) + 0.05 * rng.standard_normal(2 * n))
     z = field.split(x)
-    np.testing.assert_allclose(field.merge(field.rhs(z)), field.merge(field.vector(z)), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(field.merge(field.rhs(0.0, z, None)), field.merge(field.vector(z)), rtol=1e-12, atol=1e-13)
     ops = _emitted(field.vector, z)
     assert "argmax" not in ops and "gt" in ops and "select_n" in ops, set(ops)
 
@@ -200,7 +200,7 @@ def test_the_pass_is_what_removes_the_operations(spherical):
     z = y.split(spherical.x0)
 
     def counts():
-        text = jax.jit(lambda z: y.rhs(z)).lower(z).as_text()
+        text = jax.jit(lambda z: y.rhs(0.0, z, None)).lower(z).as_text()
         return text.count("stablehlo.multiply"), text.count("stablehlo.dot_general") + text.count("stablehlo.reduce")
 
     on_mul, on_vector = counts()
@@ -315,7 +315,7 @@ def test_expansions_are_cached_across_traces(spherical):
     simplify.clear_cache()
     y = geomjax.feedback_field(spherical.system, spherical.x0, gains=50.0)
     z = y.split(spherical.x0)
-    jax.make_jaxpr(lambda z: jax.tree_util.tree_map(lambda a, b: a + b, y.rhs(z), y.rhs(y.rhs(z))))(z)
+    jax.make_jaxpr(lambda z: jax.tree_util.tree_map(lambda a, b: a + b, y.rhs(0.0, z, None), y.rhs(0.0, y.rhs(0.0, z, None), None)))(z)
     info = simplify.cache_info()
     assert info["misses"] == 1 and info["hits"] == 2, info
     # a different constant folded into the graph is a different graph
@@ -324,7 +324,7 @@ def test_expansions_are_cached_across_traces(spherical):
     assert simplify.cache_info()["misses"] == 2
     # parameters traced under vmap are inputs of one cached graph
     gains = jnp.asarray([10.0, 20.0])
-    batched = jax.vmap(lambda k: geomjax.feedback_field(spherical.system, spherical.x0, gains=k).rhs(z)[0])(gains)
+    batched = jax.vmap(lambda k: geomjax.feedback_field(spherical.system, spherical.x0, gains=k).rhs(0.0, z, None)[0])(gains)
     for k, row in zip(gains, batched):
         expected = geomjax.feedback_field(spherical.system, spherical.x0, gains=float(k)).vector(z)[0]
         np.testing.assert_allclose(row, expected, rtol=1e-13)
