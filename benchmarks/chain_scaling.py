@@ -25,7 +25,8 @@ time (`jax.jit(f).lower(x0)` and `.compile()` timed separately), the first call,
 best of `--repeat` warm runs as ns/step. A geomjax case whose lower+compile takes more than
 `--compile-limit` seconds (default 60) makes the script skip the larger N for that method
 and version; so does a predicted compile (last time × last growth factor) above
-`--predict-limit` seconds.
+`--predict-limit` seconds. Each geomjax case runs in its own process, killed after
+`--case-timeout` seconds (default 150; then the larger N are skipped too).
 
 Before timing, the script checks (and asserts): the tridiagonal formulas against the dense
 ones (1e−10), and geomjax's Dirac field, feedback field and one RATTLE step against the
@@ -35,7 +36,10 @@ Run: `python benchmarks/chain_scaling.py [--links 1,2,4,8,16,32] [--steps 2000] 
 """
 
 import argparse
+import json
 import math
+import subprocess
+import sys
 import time
 
 import jax
@@ -341,8 +345,12 @@ def _rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
-def check(n, tol=1e-10):
-    """Assert tri == dense and geomjax == dense at x0 and at a state off S; return the errors."""
+def check(n, tol=1e-10, with_geomjax=True):
+    """Assert tri == dense and geomjax == dense at x0 and at a state off S; return the errors.
+
+    `with_geomjax=False` checks only the hand versions (geomjax's fields compile slowly at
+    large N; the timed runs still print their final-state difference from hand dense).
+    """
     model = geomjax.models.planar_chain(n, mass=MASS, length=LENGTH, gravity=GRAVITY)
     sys, x0 = model.system, model.x0
     off = x0 + 1e-3 * jnp.asarray(np.random.default_rng(n).normal(size=x0.shape))
@@ -352,14 +360,17 @@ def check(n, tol=1e-10):
         q, p = x[: 2 * n], x[2 * n :]
         dense = cat(dense_dirac(q, p))
         errs[f"tri dirac {name}"] = _rel(cat(tri_dirac(q, p)), dense)
-        errs[f"geomjax dirac {name}"] = _rel(geomjax.dirac_field(sys)(x), dense)
+        if with_geomjax:
+            errs[f"geomjax dirac {name}"] = _rel(geomjax.dirac_field(sys)(x), dense)
         fb_dense = cat(dense_feedback(x0)(q, p))
         errs[f"tri feedback {name}"] = _rel(cat(tri_feedback(x0)(q, p)), fb_dense)
-        errs[f"geomjax feedback {name}"] = _rel(geomjax.feedback_field(sys, x0, gains=GAIN)(x), fb_dense)
+        if with_geomjax:
+            errs[f"geomjax feedback {name}"] = _rel(geomjax.feedback_field(sys, x0, gains=GAIN)(x), fb_dense)
     q, p = x0[: 2 * n], x0[2 * n :]
     rattle_dense = cat(dense_rattle(q, p))
     errs["tri rattle step"] = _rel(cat(tri_rattle(q, p)), rattle_dense)
-    errs["geomjax rattle step"] = _rel(geomjax.rattle(sys)(x0, H), rattle_dense)
+    if with_geomjax:
+        errs["geomjax rattle step"] = _rel(geomjax.rattle(sys)(x0, H), rattle_dense)
     bad = {k: v for k, v in errs.items() if not v <= tol}
     assert not bad, f"N = {n}: disagreement above {tol:g}: {bad}"
     return errs
@@ -380,11 +391,41 @@ def time_case(run, x0, steps, repeat):
     out = jax.block_until_ready(compiled(x0))
     t_first = time.perf_counter() - t
     best = math.inf
-    for _ in range(repeat):
+    for _ in range(repeat if t_first < 5.0 else 1):  # one warm run when a run takes seconds
         t = time.perf_counter()
         jax.block_until_ready(compiled(x0))
         best = min(best, time.perf_counter() - t)
     return dict(lower=t_lower, compile=t_compile, first=t_first, ns=best / steps * 1e9, out=out)
+
+
+def run_isolated(method, n, args):
+    """Time a geomjax case in a child process, killed after `args.case_timeout` seconds.
+
+    XLA compilation cannot be interrupted in-process, and geomjax's compile time jumps
+    (not smoothly) at some N, so each geomjax case runs in its own interpreter.
+    Returns the result dict, or a string saying why there is none.
+    """
+    cmd = [sys.executable, __file__, "--single", f"{method}|{n}", "--steps", str(args.steps),
+           "--repeat", str(args.repeat)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+    except subprocess.TimeoutExpired:
+        return f"killed after {args.case_timeout:g} s (compile or run too slow)"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:100]}"
+    r = json.loads(lines[-1][len("RESULT "):])
+    r["out"] = jnp.asarray(r["out"])
+    return r
+
+
+def single(spec, steps, repeat):
+    """Child-process entry of `run_isolated`: time one geomjax case, print it as JSON."""
+    method, n = spec.split("|")
+    model = geomjax.models.planar_chain(int(n), mass=MASS, length=LENGTH, gravity=GRAVITY)
+    r = time_case(make_run(method, "geomjax", model, steps), model.x0, steps, repeat)
+    r["out"] = np.asarray(r["out"]).tolist()
+    print("RESULT " + json.dumps(r), flush=True)
 
 
 def slope(ns, ts, n_min=4):
@@ -402,9 +443,15 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is reported)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     parser.add_argument("--compile-limit", type=float, default=60.0, help="skip larger N after a compile this slow [s]")
-    parser.add_argument("--predict-limit", type=float, default=180.0, help="skip N whose predicted compile exceeds this [s]")
+    parser.add_argument("--check-links", type=int, default=8, help="check geomjax's fields against hand dense up to this N")
+    parser.add_argument("--predict-limit", type=float, default=120.0, help="skip N whose predicted compile exceeds this [s]")
+    parser.add_argument("--case-timeout", type=float, default=150.0,
+                        help="kill a geomjax case (own process) after this many seconds and skip larger N")
     parser.add_argument("--quick", action="store_true", help="N = 1, 2, 4 and 200 steps")
+    parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one geomjax case
     args = parser.parse_args(argv)
+    if args.single:
+        return single(args.single, args.steps, args.repeat)
     if args.quick:
         args.links, args.steps, args.repeat = "1,2,4", 200, 3
     ns = [int(s) for s in args.links.split(",")]
@@ -412,9 +459,10 @@ def main(argv=None):
     print(f"planar chain, h = {H:g}, {args.steps} steps, k = {GAIN:g}; device {jax.devices()[0]}; jax {jax.__version__}")
 
     for n in ns:
-        errs = check(n)
+        errs = check(n, with_geomjax=n <= args.check_links)
+        gj = [v for k, v in errs.items() if k.startswith("geomjax")]
         print(f"checks N = {n:>2}: worst relative disagreement {max(errs.values()):.1e} "
-              f"(geomjax vs dense: {max(v for k, v in errs.items() if k.startswith('geomjax')):.1e})", flush=True)
+              f"(geomjax vs dense: {f'{max(gj):.1e}' if gj else 'not checked'})", flush=True)
 
     results = {}  # (method, version) -> {n: dict}
     skipped = {}
@@ -432,11 +480,16 @@ def main(argv=None):
                 if key in skipped:
                     print(f"{method:<15}{version:<11}{n:>3}  {skipped[key]}", flush=True)
                     continue
-                try:
-                    r = time_case(make_run(method, version, model, args.steps), model.x0, args.steps, args.repeat)
-                except Exception as e:  # report and go on
-                    print(f"{method:<15}{version:<11}{n:>3}  failed: {type(e).__name__}: {str(e)[:80]}", flush=True)
-                    skipped[key] = "skipped (failed at smaller N)"
+                if version == "geomjax":
+                    r = run_isolated(method, n, args)
+                else:
+                    try:
+                        r = time_case(make_run(method, version, model, args.steps), model.x0, args.steps, args.repeat)
+                    except Exception as e:  # report and go on
+                        r = f"failed: {type(e).__name__}: {str(e)[:80]}"
+                if isinstance(r, str):
+                    print(f"{method:<15}{version:<11}{n:>3}  {r}", flush=True)
+                    skipped[key] = f"skipped ({r.split(':')[0]} at smaller N)"
                     continue
                 res[n] = row[version] = r
                 total = r["lower"] + r["compile"]
