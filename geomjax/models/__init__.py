@@ -1,6 +1,7 @@
 """Reference problems from the seed papers, each a system with parameters and an initial state."""
 
 from ._model import Model as Model
+from ._chain import planar_chain as planar_chain
 from ._pendulum import planar_pendulum as planar_pendulum, spherical_pendulum as spherical_pendulum
 from ._pendulum_flows import pendulum_flows as pendulum_flows
 from ._nonholonomic import (

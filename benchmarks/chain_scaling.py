@@ -1,0 +1,527 @@
+"""Compile time and run time against the number of constraints: the planar chain of N links.
+
+Model: `geomjax.models.planar_chain(N)` (m = ℓ = g = 1), N point masses in R² joined by rigid
+links, k = N position constraints g_i = ½(|q_i − q_{i−1}|² − ℓ²) and 2N second-class
+constraints f = (g, G M⁻¹p). For each N and each method
+
+- Dirac field (`geomjax.dirac_field`) with explicit Euler and with RK4,
+- feedback field (`geomjax.feedback_field`, gains k = 10, L = I) with Euler and RK4,
+- RATTLE (`geomjax.rattle`),
+
+the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in three versions:
+
+- geomjax:    `geomjax.integrate(field or step, x, dt=h, steps=S, method=...)`, everything
+              derived by autodiff from H and g;
+- hand dense: the same field / step written by hand in vectorised jnp for the chain, with
+              G = Dg in closed form, C = {f_i, f_j} assembled as a dense 2N × 2N matrix by
+              matmuls and `jnp.linalg.solve` (RATTLE: 3 Newton iterations, dense solves);
+- hand tri:   the same using the chain's structure: every Gram matrix is tridiagonal, the
+              multipliers come from two `jax.lax.linalg.tridiagonal_solve` calls (formula in
+              `tri_dirac_parts`).
+
+The hand versions run in a `lax.scan` over the (q, p) pieces (`_harness.scan_loop`), the
+same loop shape `geomjax.integrate` uses. Reported per case: trace+lower time, XLA compile
+time (`jax.jit(f).lower(x0)` and `.compile()` timed separately), the first call, and the
+best of `--repeat` warm runs as ns/step. A geomjax case whose lower+compile takes more than
+`--compile-limit` seconds (default 60) makes the script skip the larger N for that method
+and version; so does a predicted compile (last time × last growth factor) above
+`--predict-limit` seconds. Each geomjax case runs in its own process, killed after
+`--case-timeout` seconds (default 150; then the larger N are skipped too).
+
+Before timing, the script checks (and asserts): the tridiagonal formulas against the dense
+ones (1e−10), and geomjax's Dirac field, feedback field and one RATTLE step against the
+hand dense versions (1e−10 relative).
+
+Run: `python benchmarks/chain_scaling.py [--links 1,2,4,8,16,32] [--steps 2000] [--quick]`.
+"""
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _harness import scan_loop
+
+import geomjax
+
+H = 1e-3
+GAIN = 10.0
+MASS = LENGTH = GRAVITY = 1.0
+NEWTON_ITERS = 3
+
+
+# --------------------------------------------------------------------------------------
+# Chain geometry, vectorised. Points are (N, 2) arrays; q_0 = 0 is the pivot.
+
+
+def points(flat):
+    return flat.reshape(-1, 2)
+
+
+def links(pts):
+    """d_i = q_i − q_{i−1}, q_0 = 0."""
+    return jnp.diff(pts, axis=0, prepend=jnp.zeros((1, 2), pts.dtype))
+
+
+def gravity_gradient(pts):
+    """∇U for U = m g Σ y_i, as (N, 2) points."""
+    return jnp.zeros_like(pts).at[:, 1].set(MASS * GRAVITY)
+
+
+def constraint_values(d):
+    return 0.5 * (jnp.sum(d * d, axis=1) - LENGTH**2)
+
+
+def energy(q, p):
+    return 0.5 * (p @ p) / MASS + MASS * GRAVITY * jnp.sum(points(q)[:, 1])
+
+
+# --------------------------------------------------------------------------------------
+# Hand dense: rows of the Jacobians as dense (N, 2N) matrices, C as a dense matrix.
+
+
+def dense_rows(a):
+    """The (N, 2N) matrix whose row i has a_i in the block of mass i and −a_i in block i−1.
+
+    G = Dg is `dense_rows(d)` (d the link vectors); ∂h/∂q for h = G M⁻¹p is `dense_rows(u)`
+    with u_i = v_i − v_{i−1}, v = p/m.
+    """
+    n = a.shape[0]
+    pattern = jnp.eye(n, dtype=a.dtype) - jnp.eye(n, k=-1, dtype=a.dtype)
+    return (pattern[:, :, None] * a[:, None, :]).reshape(n, 2 * n)
+
+
+def dense_parts(q, p):
+    """F_q, F_p (Jacobians of f = (g, G M⁻¹p)), C = {f, f}, a = {f, H}, f, ∇U, v."""
+    n = q.shape[0] // 2
+    d = links(points(q))
+    v = p / MASS
+    u = links(points(v))
+    grad_u = gravity_gradient(points(q)).reshape(-1)
+    gq = dense_rows(d)
+    fq = jnp.concatenate([gq, dense_rows(u)])
+    fp = jnp.concatenate([jnp.zeros((n, 2 * n), q.dtype), gq / MASS])
+    c = fq @ fp.T - fp @ fq.T
+    a = fq @ v - fp @ grad_u
+    f = jnp.concatenate([constraint_values(d), jnp.sum(d * u, axis=1)])
+    return fq, fp, c, a, f, grad_u, v
+
+
+def dense_dirac(q, p):
+    """X = X_H − Σ c_j X_{f_j}, C c = {f, H}; X_F = (∂F/∂p, −∂F/∂q)."""
+    fq, fp, c, a, _, grad_u, v = dense_parts(q, p)
+    mult = jnp.linalg.solve(c, a)
+    return v - fp.T @ mult, -grad_u + fq.T @ mult
+
+
+def dense_feedback(x0):
+    """Y = X − ∇V, V = ½ k |F − F₀|², F = (f, H)."""
+    n2 = x0.shape[0] // 2
+    target = _quantities_dense(x0[:n2], x0[n2:])
+
+    def field(q, p):
+        fq, fp, c, a, f, grad_u, v = dense_parts(q, p)
+        mult = jnp.linalg.solve(c, a)
+        w = GAIN * (jnp.concatenate([f, jnp.atleast_1d(energy(q, p))]) - target)
+        wf, wh = w[:-1], w[-1]
+        # the feedback term is a gradient (L = I), not a Hamiltonian vector field:
+        dq = v - fp.T @ mult - (fq.T @ wf + wh * grad_u)
+        dp = -grad_u + fq.T @ mult - (fp.T @ wf + wh * v)
+        return dq, dp
+
+    return field
+
+
+def _quantities_dense(q, p):
+    d = links(points(q))
+    u = links(points(p / MASS))
+    return jnp.concatenate([constraint_values(d), jnp.sum(d * u, axis=1), jnp.atleast_1d(energy(q, p))])
+
+
+def dense_rattle(q, p):
+    """RATTLE with ν = h²λ/2: p½ = p − (h/2)∇U − Gᵀν/h, q₁ = q + h p½/m, g(q₁) = 0 (3 Newton
+    steps, Jacobian −G(q₁)M⁻¹G(q)ᵀ), then p₁ = p_free − (h/2)G(q₁)ᵀμ with G(q₁)M⁻¹p₁ = 0."""
+    g0 = dense_rows(links(points(q)))
+    kick = p - 0.5 * H * gravity_gradient(points(q)).reshape(-1)
+    nu = jnp.zeros(g0.shape[0], q.dtype)
+    for _ in range(NEWTON_ITERS):
+        q1 = q + H * (kick - g0.T @ nu / H) / MASS
+        d1 = links(points(q1))
+        jac = -dense_rows(d1) @ g0.T / MASS
+        nu = nu - jnp.linalg.solve(jac, constraint_values(d1))
+    p_half = kick - g0.T @ nu / H
+    q1 = q + H * p_half / MASS
+    g1 = dense_rows(links(points(q1)))
+    p_free = p_half - 0.5 * H * gravity_gradient(points(q1)).reshape(-1)
+    mu = jnp.linalg.solve(0.5 * H * g1 @ g1.T / MASS, g1 @ p_free / MASS)
+    return q1, p_free - 0.5 * H * g1.T @ mu
+
+
+# --------------------------------------------------------------------------------------
+# Hand tridiagonal. A tridiagonal matrix is a triple (dl, d, du) as in tridiagonal_solve:
+# dl[i] = T[i, i−1] (dl[0] = 0), d[i] = T[i, i], du[i] = T[i, i+1] (du[-1] = 0).
+
+
+def cross_gram(a, b):
+    """R_a M⁻¹ R_bᵀ for R_a = `dense_rows(a)`, R_b = `dense_rows(b)`: tridiagonal.
+
+    (R_a R_bᵀ)_ii = a_i·b_i (i = 1) or 2 a_i·b_i (i ≥ 2; both blocks i and i−1 overlap),
+    (R_a R_bᵀ)_{i,i+1} = −a_i·b_{i+1} (block i), (R_a R_bᵀ)_{i,i−1} = −a_i·b_{i−1}.
+    """
+    dot = jnp.sum(a * b, axis=1)
+    diag = dot * jnp.ones_like(dot).at[1:].set(2.0)
+    up = -jnp.sum(a[:-1] * b[1:], axis=1)
+    low = -jnp.sum(a[1:] * b[:-1], axis=1)
+    zero = jnp.zeros((1,), a.dtype)
+    return jnp.concatenate([zero, low]) / MASS, diag / MASS, jnp.concatenate([up, zero]) / MASS
+
+
+def tri_matvec(t, x):
+    dl, d, du = t
+    zero = jnp.zeros((1,), x.dtype)
+    return d * x + dl * jnp.concatenate([zero, x[:-1]]) + du * jnp.concatenate([x[1:], zero])
+
+
+def tri_solve(t, b):
+    dl, d, du = t
+    return jax.lax.linalg.tridiagonal_solve(dl, d, du, b[:, None])[:, 0]
+
+
+def rows_transpose(a, lam):
+    """R_aᵀλ as (N, 2) points: block j gets λ_j a_j − λ_{j+1} a_{j+1}."""
+    y = lam[:, None] * a
+    return y - jnp.concatenate([y[1:], jnp.zeros((1, 2), y.dtype)])
+
+
+def tri_dirac_parts(q, p):
+    """Multipliers of the Dirac field from two tridiagonal solves.
+
+    With f = (g, h), h = G M⁻¹p, and R_a as in `dense_rows`: G = R_d, ∂h/∂q = R_u,
+    ∂h/∂p = R_d/m, ∂g/∂p = 0. The canonical brackets give
+
+        {g_i, g_j} = 0,  {g_i, h_j} = (G M⁻¹Gᵀ)_ij = A_ij,  {h_i, g_j} = −A_ij,
+        {h_i, h_j} = B_ij = P_ij − P_ji,  P = R_u M⁻¹ R_dᵀ,
+
+    so C = [[0, A], [−A, B]], A = `cross_gram(d, d)` symmetric tridiagonal, B antisymmetric
+    tridiagonal. The right side a = {f, H} = (a_g, a_h) has a_g = G M⁻¹p = h and
+    a_h,i = |u_i|² − d_i·(∇U_i − ∇U_{i−1})/m. C (λ, μ) = (a_g, a_h) is
+
+        A μ = a_g,           −A λ + B μ = a_h,
+
+    i.e. μ = A⁻¹ a_g, then λ = A⁻¹ (B μ − a_h): two tridiagonal solves, no dense C. With
+    X_{g_j} = (0, −G_jᵀ) and X_{h_j} = (G_jᵀ/m, −R_u,jᵀ), X = X_H − Σλ_j X_{g_j} − Σμ_j X_{h_j} is
+
+        q̇ = v − Gᵀμ/m,   ṗ = −∇U + Gᵀλ + R_uᵀμ.
+    """
+    d = links(points(q))
+    v = p / MASS
+    u = links(points(v))
+    grad_u = gravity_gradient(points(q))
+    a_mat = cross_gram(d, d)
+    p_dl, _, p_du = cross_gram(u, d)
+    # B = P − Pᵀ: B[i, i+1] = P[i, i+1] − P[i+1, i], B[i, i−1] = −B[i−1, i].
+    b_du = p_du - jnp.concatenate([p_dl[1:], jnp.zeros((1,), q.dtype)])
+    b_dl = jnp.concatenate([jnp.zeros((1,), q.dtype), -b_du[:-1]])
+    b_mat = (b_dl, jnp.zeros_like(b_du), b_du)
+    h_vals = jnp.sum(d * u, axis=1)
+    a_h = jnp.sum(u * u, axis=1) - jnp.sum(d * links(grad_u), axis=1) / MASS
+    mu = tri_solve(a_mat, h_vals)
+    lam = tri_solve(a_mat, tri_matvec(b_mat, mu) - a_h)
+    return d, u, v, grad_u, lam, mu, h_vals
+
+
+def tri_dirac(q, p):
+    d, u, v, grad_u, lam, mu, _ = tri_dirac_parts(q, p)
+    dq = v - rows_transpose(d, mu).reshape(-1) / MASS
+    dp = -grad_u.reshape(-1) + (rows_transpose(d, lam) + rows_transpose(u, mu)).reshape(-1)
+    return dq, dp
+
+
+def tri_feedback(x0):
+    n2 = x0.shape[0] // 2
+    target = _quantities_dense(x0[:n2], x0[n2:])
+    n = n2 // 2
+
+    def field(q, p):
+        d, u, v, grad_u, lam, mu, h_vals = tri_dirac_parts(q, p)
+        f = jnp.concatenate([constraint_values(d), h_vals, jnp.atleast_1d(energy(q, p))])
+        w = GAIN * (f - target)
+        wg, wh, we = w[:n], w[n:-1], w[-1]
+        # ∇V = Σ w_i ∇f_i + w_H ∇H: ∇_q = Gᵀw_g + R_uᵀw_h + w_H ∇U, ∇_p = Gᵀw_h/m + w_H v;
+        # Y = X − ∇V (q̇ loses ∇_qV, ṗ loses ∇_pV).
+        dq = v - we * grad_u.reshape(-1) - (
+            rows_transpose(d, mu / MASS + wg) + rows_transpose(u, wh)
+        ).reshape(-1)
+        dp = -grad_u.reshape(-1) + (rows_transpose(d, lam - wh / MASS) + rows_transpose(u, mu)).reshape(-1) - we * v
+        return dq, dp
+
+    return field
+
+
+def tri_rattle(q, p):
+    """`dense_rattle` with the tridiagonal Newton matrix −G(q₁)M⁻¹G(q)ᵀ and G(q₁)M⁻¹G(q₁)ᵀ."""
+    d0 = links(points(q))
+    kick = p - 0.5 * H * gravity_gradient(points(q)).reshape(-1)
+    nu = jnp.zeros(d0.shape[0], q.dtype)
+    for _ in range(NEWTON_ITERS):
+        q1 = q + H * (kick - rows_transpose(d0, nu).reshape(-1) / H) / MASS
+        d1 = links(points(q1))
+        dl, dd, du = cross_gram(d1, d0)
+        nu = nu + tri_solve((dl, dd, du), constraint_values(d1))
+    p_half = kick - rows_transpose(d0, nu).reshape(-1) / H
+    q1 = q + H * p_half / MASS
+    d1 = links(points(q1))
+    p_free = p_half - 0.5 * H * gravity_gradient(points(q1)).reshape(-1)
+    mu = tri_solve(cross_gram(d1, d1), jnp.sum(d1 * links(points(p_free)), axis=1) / MASS) * (2.0 / H)
+    return q1, p_free - 0.5 * H * rows_transpose(d1, mu).reshape(-1)
+
+
+# --------------------------------------------------------------------------------------
+# Loops
+
+
+def euler(field):
+    def step(q, p):
+        dq, dp = field(q, p)
+        return q + H * dq, p + H * dp
+
+    return step
+
+
+def rk4(field):
+    def step(q, p):
+        k1 = field(q, p)
+        k2 = field(q + 0.5 * H * k1[0], p + 0.5 * H * k1[1])
+        k3 = field(q + 0.5 * H * k2[0], p + 0.5 * H * k2[1])
+        k4 = field(q + H * k3[0], p + H * k3[1])
+        return (
+            q + H / 6 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0]),
+            p + H / 6 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1]),
+        )
+
+    return step
+
+
+METHODS = ["dirac euler", "dirac rk4", "feedback euler", "feedback rk4", "rattle"]
+VERSIONS = ["hand dense", "hand tri", "geomjax"]  # references first, for the ratios
+
+
+def make_run(method, version, model, steps):
+    """x0 ↦ x_steps for one method and version."""
+    sys, x0 = model.system, model.x0
+    n2 = x0.shape[0] // 2
+    kind, _, scheme = method.partition(" ")
+    if version == "geomjax":
+        if kind == "rattle":
+            target, scheme = geomjax.rattle(sys), "euler"  # method is ignored for steps
+        elif kind == "dirac":
+            target = geomjax.dirac_field(sys)
+        else:
+            target = geomjax.feedback_field(sys, x0, gains=GAIN)
+        return lambda x: geomjax.integrate(target, x, dt=H, steps=steps, method=scheme, save_every=steps).xs[-1]
+    dense = version == "hand dense"
+    if kind == "rattle":
+        step = dense_rattle if dense else tri_rattle
+    else:
+        if kind == "dirac":
+            field = dense_dirac if dense else tri_dirac
+        else:
+            field = (dense_feedback if dense else tri_feedback)(x0)
+        step = euler(field) if scheme == "euler" else rk4(field)
+    return scan_loop(step, steps, n2)
+
+
+# --------------------------------------------------------------------------------------
+# Checks
+
+
+def _rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def check(n, tol=1e-10, with_geomjax=True):
+    """Assert tri == dense and geomjax == dense at x0 and at a state off S; return the errors.
+
+    `with_geomjax=False` checks only the hand versions (geomjax's fields compile slowly at
+    large N; the timed runs still print their final-state difference from hand dense).
+    """
+    model = geomjax.models.planar_chain(n, mass=MASS, length=LENGTH, gravity=GRAVITY)
+    sys, x0 = model.system, model.x0
+    off = x0 + 1e-3 * jnp.asarray(np.random.default_rng(n).normal(size=x0.shape))
+    cat = lambda qp: jnp.concatenate(qp)
+    errs = {}
+    for name, x in [("x0", x0), ("off S", off)]:
+        q, p = x[: 2 * n], x[2 * n :]
+        dense = cat(dense_dirac(q, p))
+        errs[f"tri dirac {name}"] = _rel(cat(tri_dirac(q, p)), dense)
+        if with_geomjax:
+            errs[f"geomjax dirac {name}"] = _rel(geomjax.dirac_field(sys)(x), dense)
+        fb_dense = cat(dense_feedback(x0)(q, p))
+        errs[f"tri feedback {name}"] = _rel(cat(tri_feedback(x0)(q, p)), fb_dense)
+        if with_geomjax:
+            errs[f"geomjax feedback {name}"] = _rel(geomjax.feedback_field(sys, x0, gains=GAIN)(x), fb_dense)
+    q, p = x0[: 2 * n], x0[2 * n :]
+    rattle_dense = cat(dense_rattle(q, p))
+    errs["tri rattle step"] = _rel(cat(tri_rattle(q, p)), rattle_dense)
+    if with_geomjax:
+        errs["geomjax rattle step"] = _rel(geomjax.rattle(sys)(x0, H), rattle_dense)
+    bad = {k: v for k, v in errs.items() if not v <= tol}
+    assert not bad, f"N = {n}: disagreement above {tol:g}: {bad}"
+    return errs
+
+
+# --------------------------------------------------------------------------------------
+# Timing
+
+
+def time_case(run, x0, steps, repeat):
+    t = time.perf_counter()
+    lowered = jax.jit(run).lower(x0)
+    t_lower = time.perf_counter() - t
+    t = time.perf_counter()
+    compiled = lowered.compile()
+    t_compile = time.perf_counter() - t
+    t = time.perf_counter()
+    out = jax.block_until_ready(compiled(x0))
+    t_first = time.perf_counter() - t
+    best = math.inf
+    for _ in range(repeat if t_first < 5.0 else 1):  # one warm run when a run takes seconds
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(x0))
+        best = min(best, time.perf_counter() - t)
+    return dict(lower=t_lower, compile=t_compile, first=t_first, ns=best / steps * 1e9, out=out)
+
+
+def run_isolated(method, n, args):
+    """Time a geomjax case in a child process, killed after `args.case_timeout` seconds.
+
+    XLA compilation cannot be interrupted in-process, and geomjax's compile time jumps
+    (not smoothly) at some N, so each geomjax case runs in its own interpreter.
+    Returns the result dict, or a string saying why there is none.
+    """
+    cmd = [sys.executable, __file__, "--single", f"{method}|{n}", "--steps", str(args.steps),
+           "--repeat", str(args.repeat)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+    except subprocess.TimeoutExpired:
+        return f"killed after {args.case_timeout:g} s (compile or run too slow)"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:100]}"
+    r = json.loads(lines[-1][len("RESULT "):])
+    r["out"] = jnp.asarray(r["out"])
+    return r
+
+
+def single(spec, steps, repeat):
+    """Child-process entry of `run_isolated`: time one geomjax case, print it as JSON."""
+    method, n = spec.split("|")
+    model = geomjax.models.planar_chain(int(n), mass=MASS, length=LENGTH, gravity=GRAVITY)
+    r = time_case(make_run(method, "geomjax", model, steps), model.x0, steps, repeat)
+    r["out"] = np.asarray(r["out"]).tolist()
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+def slope(ns, ts, n_min=4):
+    pts = [(math.log(n), math.log(t)) for n, t in zip(ns, ts) if n >= n_min and t > 0]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--links", default="1,2,4,8,16,32", help="comma-separated numbers of links N")
+    parser.add_argument("--steps", type=int, default=2000, help="steps per timed run")
+    parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is reported)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
+    parser.add_argument("--compile-limit", type=float, default=60.0, help="skip larger N after a compile this slow [s]")
+    parser.add_argument("--check-links", type=int, default=8, help="check geomjax's fields against hand dense up to this N")
+    parser.add_argument("--predict-limit", type=float, default=120.0, help="skip N whose predicted compile exceeds this [s]")
+    parser.add_argument("--case-timeout", type=float, default=150.0,
+                        help="kill a geomjax case (own process) after this many seconds and skip larger N")
+    parser.add_argument("--quick", action="store_true", help="N = 1, 2, 4 and 200 steps")
+    parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one geomjax case
+    args = parser.parse_args(argv)
+    if args.single:
+        return single(args.single, args.steps, args.repeat)
+    if args.quick:
+        args.links, args.steps, args.repeat = "1,2,4", 200, 3
+    ns = [int(s) for s in args.links.split(",")]
+    methods = [m.strip() for m in args.methods.split(",")]
+    print(f"planar chain, h = {H:g}, {args.steps} steps, k = {GAIN:g}; device {jax.devices()[0]}; jax {jax.__version__}")
+
+    for n in ns:
+        errs = check(n, with_geomjax=n <= args.check_links)
+        gj = [v for k, v in errs.items() if k.startswith("geomjax")]
+        print(f"checks N = {n:>2}: worst relative disagreement {max(errs.values()):.1e} "
+              f"(geomjax vs dense: {f'{max(gj):.1e}' if gj else 'not checked'})", flush=True)
+
+    results = {}  # (method, version) -> {n: dict}
+    skipped = {}
+    header = (f"{'method':<15}{'version':<11}{'N':>3}{'lower s':>9}{'compile s':>10}{'1st run s':>10}"
+              f"{'ns/step':>11}{'/dense':>8}{'/tri':>8}{'|Δx| vs dense':>15}")
+    print()
+    print(header, flush=True)
+    for method in methods:
+        for n in ns:
+            model = geomjax.models.planar_chain(n, mass=MASS, length=LENGTH, gravity=GRAVITY)
+            row = {}
+            for version in VERSIONS:
+                key = (method, version)
+                res = results.setdefault(key, {})
+                if key in skipped:
+                    print(f"{method:<15}{version:<11}{n:>3}  {skipped[key]}", flush=True)
+                    continue
+                if version == "geomjax":
+                    r = run_isolated(method, n, args)
+                else:
+                    try:
+                        r = time_case(make_run(method, version, model, args.steps), model.x0, args.steps, args.repeat)
+                    except Exception as e:  # report and go on
+                        r = f"failed: {type(e).__name__}: {str(e)[:80]}"
+                if isinstance(r, str):
+                    print(f"{method:<15}{version:<11}{n:>3}  {r}", flush=True)
+                    skipped[key] = f"skipped ({r.split(':')[0]} at smaller N)"
+                    continue
+                res[n] = row[version] = r
+                total = r["lower"] + r["compile"]
+                dense, tri = row.get("hand dense"), row.get("hand tri")
+                ratio = lambda ref: f"{r['ns'] / ref['ns']:>8.2f}" if ref else f"{'':>8}"
+                dx = float(jnp.max(jnp.abs(r["out"] - dense["out"]))) if dense else float("nan")
+                print(
+                    f"{method:<15}{version:<11}{n:>3}{r['lower']:>9.2f}{r['compile']:>10.2f}{r['first']:>10.3f}"
+                    f"{r['ns']:>11.0f}{ratio(dense)}{ratio(tri)}{dx:>15.1e}",
+                    flush=True,
+                )
+                if total > args.compile_limit:
+                    skipped[key] = f"skipped (compile > {args.compile_limit:g} s at smaller N: {total:.0f} s at N = {n})"
+                else:
+                    done = sorted(res)
+                    if len(done) >= 2:
+                        prev = res[done[-2]]["lower"] + res[done[-2]]["compile"]
+                        predicted = total * max(total / prev, 1.0)
+                        if predicted > args.predict_limit:
+                            skipped[key] = (f"skipped (predicted compile {predicted:.0f} s > {args.predict_limit:g} s "
+                                            f"from {prev:.1f} s -> {total:.1f} s)")
+
+    print()
+    print("growth exponents, least-squares log-log slope over N >= 4 (t ~ N^a):")
+    print(f"{'method':<15}{'version':<11}{'a(compile)':>11}{'a(run)':>8}  N measured")
+    for (method, version), res in results.items():
+        done = sorted(res)
+        a_c = slope(done, [res[n]["lower"] + res[n]["compile"] for n in done])
+        a_r = slope(done, [res[n]["ns"] for n in done])
+        fmt = lambda a: f"{a:>.2f}" if a is not None else "-"
+        print(f"{method:<15}{version:<11}{fmt(a_c):>11}{fmt(a_r):>8}  {done}")
+
+
+if __name__ == "__main__":
+    main()
