@@ -226,7 +226,7 @@ def resolve_target(system, x0, target, target_at):
         spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
     else:
         raise ValueError("give x0 (or target=) to feedback_field: this structure does not say its dimension")
-    m = jax.eval_shape(target_at, spec).shape[0]
+    m = jax.eval_shape(lambda x: target_at(x), spec).shape[0]
     if target is not None:
         target = jnp.asarray(target, dtype=jnp.float64)
         if target.shape != (m,):

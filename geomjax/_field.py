@@ -66,7 +66,7 @@ class SystemField(AbstractField):
 
 def _check_returns_state(fn, x, what: str, call: str, hint: str):
     try:
-        out = jax.eval_shape(fn, x)
+        out = jax.eval_shape(lambda y: fn(y), x)
     except TypeError as err:
         raise TypeError(f"{what} could not be called as {call}: {err}. {hint}") from err
     if not (hasattr(out, "shape") and out.shape == x.shape):

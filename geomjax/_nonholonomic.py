@@ -560,7 +560,7 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
 
 def _constraint_count(system) -> int:
     spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
-    n_int = jax.eval_shape(system.integral_values, spec).shape[0]
+    n_int = jax.eval_shape(lambda x: system.integral_values(x), spec).shape[0]
     return jax.eval_shape(lambda x: nonholonomic_quantities(system, x), spec).shape[0] - 1 - n_int
 
 

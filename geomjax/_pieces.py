@@ -105,7 +105,7 @@ def evaluate_on_pieces(fn: Callable, pieces: Sequence[jax.Array]):
     """
     pieces = list(pieces)
     spec = jax.ShapeDtypeStruct((sum(p.shape[0] for p in pieces),), pieces[0].dtype)
-    # A fresh wrapper: make_jaxpr caches on the callable, and bound methods of modules
+    # A fresh wrapper: make_jaxpr and eval_shape cache on the callable, and bound methods of modules
     # holding tracers cannot be hashed.
     closed, out_shape = jax.make_jaxpr(lambda x: fn(x), return_shape=True)(spec)
     jaxpr = closed.jaxpr

@@ -48,8 +48,8 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "division by zero, a singular constraint matrix)"
     )
     diverged = (
-        "the state became non-finite after finite steps: the method is unstable at this "
-        "step size. For a feedback field with an explicit method the step must satisfy "
+        "the state became non-finite after finite steps: the step is past the method's "
+        "stability limit. For a feedback field with an explicit method the step must satisfy "
         "h·λ_max(L∇²V) < 2 (see euler_step_limit): lower dt or the gains"
     )
     newton_failed = (

@@ -27,7 +27,7 @@ def test_convergence_order_removes_the_round_off_plateau():
     fit = diagnostics.convergence_order(hs, 2.0 * hs**4 + noise)
     assert abs(fit.order - 4.0) < 0.1 and fit.dropped >= 2, fit
     fit = diagnostics.convergence_order(hs[:4], 0.5 * hs[:4] ** 2)
-    assert abs(fit.order - 2.0) < 1e-12 and abs(fit.constant - 0.5) < 1e-10 and fit.dropped == 0
+    assert abs(fit.order - 2.0) < 1e-12 and abs(fit.constant - 0.5) < 1e-10 and fit.hs.size == 3
     with pytest.raises(ValueError, match="fewer than two"):
         diagnostics.convergence_order([0.1, 0.05], [1e-16, np.nan])
 
@@ -41,7 +41,7 @@ def test_drift_slope_separates_oscillation_from_growth():
 
 
 def test_energy_drift_of_explicit_euler_is_detected():
-    sol = geomjax.integrate(DIRAC, X0, dt=0.01, steps=2000, save_every=10, method="euler")
+    sol = geomjax.integrate(DIRAC, X0, dt=0.01, steps=2000, save_every=10, method="euler", drift_tol=None)
     e = diagnostics.energy_errors(SPHERE.system, sol.xs)
     assert diagnostics.drift_slope(sol.ts, e).relative > 0.5
 

@@ -37,7 +37,10 @@ def test_measured_convergence_order(spherical, spherical_dirac, reference_t1, me
     """Least-squares slope of log(error at t = 1) against log(h) on the nonlinear spherical pendulum."""
     hs, errors = [], []
     for n in steps:
-        sol = geomjax.integrate(spherical_dirac, spherical.x0, dt=1.0 / n, steps=n, method=method, save_every=n)
+        # Coarse steps are the point here: drift monitoring off.
+        sol = geomjax.integrate(
+            spherical_dirac, spherical.x0, dt=1.0 / n, steps=n, method=method, save_every=n, drift_tol=None
+        )
         assert float(sol.ts[-1]) == pytest.approx(1.0, abs=1e-12)
         hs.append(1.0 / n)
         errors.append(np.linalg.norm(np.asarray(sol.x_final) - reference_t1))
@@ -58,8 +61,12 @@ def test_feedback_lowers_invariant_errors_of_euler(spherical):
     plain = geomjax.dirac_field(spherical.system)
     feedback = geomjax.feedback_field(spherical.system, x0, gains=[50.0, 50.0, 50.0, 50.0])
     errs = {}
+    # Without feedback the constraints leave the default tolerance: the run says so.
+    with pytest.raises(geomjax.IntegrationError, match="drift_tol|constraint"):
+        geomjax.integrate(plain, x0, dt=1e-3, steps=100_000, method="euler", save_every=100)
     for name, field in [("plain", plain), ("feedback", feedback)]:
-        sol = geomjax.integrate(field, x0, dt=1e-3, steps=100_000, method="euler", save_every=100)
+        tol = None if name == "plain" else geomjax.integrate.__kwdefaults__["drift_tol"]
+        sol = geomjax.integrate(field, x0, dt=1e-3, steps=100_000, method="euler", save_every=100, drift_tol=tol)
         assert sol.xs.shape == (1001, 6)
         assert bool(sol.ok)
         errs[name] = np.abs(np.asarray(spherical_quantities(sol.xs) - spherical_quantities(x0))).max(axis=0)
@@ -155,7 +162,7 @@ def test_integrate_under_jit_and_vmap_over_initial_states(spherical, spherical_d
 
 
 def test_progress_and_checkpoint_options_do_not_change_the_result(spherical, spherical_dirac):
-    kw = dict(dt=0.01, steps=200, method="euler", save_every=5)
+    kw = dict(dt=0.01, steps=200, method="euler", save_every=5, drift_tol=None)
     base = geomjax.integrate(spherical_dirac, spherical.x0, **kw)
     chunked = geomjax.integrate(spherical_dirac, spherical.x0, progress=True, **kw)
     plain = geomjax.integrate(spherical_dirac, spherical.x0, checkpoint=False, **kw)

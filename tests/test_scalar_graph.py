@@ -83,13 +83,13 @@ def test_the_spherical_pendulum_feedback_field_loses_the_structural_zeros(spheri
     y = geomjax.feedback_field(spherical.system, spherical.x0, gains=50.0)
     z = y.split(spherical.x0)
     derived = _arith_count(y.vector, z)
-    simplified = _arith_count(y.rhs, z)
+    simplified = _arith_count(lambda w: y.rhs(0.0, w, None), z)
     # A hand derivation (seed 000 eqs. (7)–(8)) needs about 100 scalar operations; the
     # autodiff derivation as traced has several times that in vector operations. The
     # graph keeps 87, and the finiteness guard adds 11 (3 checks, their sum, 6 outputs).
     assert simplified <= 100, simplified
     assert simplified < derived
-    jaxpr = jax.make_jaxpr(y.rhs)(z).jaxpr
+    jaxpr = jax.make_jaxpr(lambda w: y.rhs(0.0, w, None))(z).jaxpr
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "mul":
             for v in eqn.invars:
@@ -320,7 +320,7 @@ def test_expansions_are_cached_across_traces(spherical):
     assert info["misses"] == 1 and info["hits"] == 2, info
     # a different constant folded into the graph is a different graph
     other = geomjax.feedback_field(spherical.system, spherical.x0, gains=20.0)
-    jax.make_jaxpr(other.rhs)(z)
+    jax.make_jaxpr(lambda w: other.rhs(0.0, w, None))(z)
     assert simplify.cache_info()["misses"] == 2
     # parameters traced under vmap are inputs of one cached graph
     gains = jnp.asarray([10.0, 20.0])
