@@ -24,8 +24,15 @@ def hamiltonian_vector_field(fn: Callable, structure: AbstractPoissonStructure) 
 
     Callable `x ↦ B(x)∇F(x)` (flat in, flat out).
 
-    Example: `geomjax.hamiltonian_vector_field(H, geomjax.canonical(1))(x)` is
-    `(∂H/∂p, −∂H/∂q)`.
+    Example:
+
+    ```python
+    >>> import jax.numpy as jnp, geomjax
+    >>> H = lambda x: 0.5 * x[1] ** 2 + 0.5 * x[0] ** 2   # harmonic oscillator
+    >>> geomjax.hamiltonian_vector_field(H, geomjax.canonical(1))(jnp.array([1.0, 2.0]))  # (∂H/∂p, −∂H/∂q)
+    Array([ 2., -1.], dtype=float64)
+
+    ```
     """
 
     def field(x):

@@ -144,8 +144,13 @@ def left_trivialised_se2(shape: int = 0) -> LeftTrivialisedSE2:
     Example (Chaplygin sleigh, constraint v_y = 0 on the body velocity ∂H/∂μ):
 
     ```python
-    system = geomjax.System(H, geomjax.left_trivialised_se2(),
-                            nonholonomic=lambda g: jnp.array([[0.0, 0.0, 1.0]]))
+    >>> import jax.numpy as jnp, geomjax
+    >>> H = lambda x: 0.5 * jnp.sum(x[4:] ** 2)   # unit mass and inertia, body momenta μ
+    >>> system = geomjax.System(H, geomjax.left_trivialised_se2(),
+    ...                         nonholonomic=lambda g: jnp.array([[0.0, 0.0, 1.0]]))
+    >>> system.dim
+    7
+
     ```
     """
     if not isinstance(shape, int) or shape < 0:

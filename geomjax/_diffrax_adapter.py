@@ -30,10 +30,16 @@ class StepSolver(diffrax.AbstractSolver):
     Example:
 
     ```python
-    solver = geomjax.StepSolver(geomjax.explicit_rk(Y, geomjax.RK4))
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), solver,
-                              t0=0.0, t1=1.0, dt0=1e-2, y0=x0,
-                              saveat=diffrax.SaveAt(steps=True))
+    >>> import diffrax, geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
+    >>> solver = geomjax.StepSolver(geomjax.explicit_rk(Y, geomjax.RK4))
+    >>> sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: y), solver,
+    ...                           t0=0.0, t1=1.0, dt0=1e-2, y0=model.x0,
+    ...                           saveat=diffrax.SaveAt(steps=True))
+    >>> sol.ys.shape
+    (4096, 6)
+
     ```
     """
 

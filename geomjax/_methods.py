@@ -26,8 +26,13 @@ def register_method(name: str, builder: Callable, order: int) -> None:
     Example:
 
     ```python
-    geomjax.register_method("ralston", lambda f: geomjax.explicit_rk(f, my_tableau), 2)
-    geomjax.integrate(field, x0, dt=0.01, steps=100, method="ralston")
+    >>> import jax.numpy as jnp, geomjax
+    >>> ralston = geomjax.ButcherTableau(a=((), (2 / 3,)), b=(0.25, 0.75), order=2)
+    >>> geomjax.register_method("ralston", lambda f: geomjax.explicit_rk(f, ralston), 2)
+    >>> sol = geomjax.integrate(lambda x: -x, jnp.array([1.0]), dt=0.01, steps=100, method="ralston")
+    >>> round(float(sol.xs[-1, 0]), 4)    # e⁻¹ = 0.36788 to O(h²)
+    0.3679
+
     ```
     """
     _METHODS[name] = (builder, order)
@@ -36,7 +41,14 @@ def register_method(name: str, builder: Callable, order: int) -> None:
 def method_names() -> list[str]:
     """The names accepted by `geomjax.integrate(..., method=NAME)`.
 
-    Example: `geomjax.method_names()` → `['euler', 'gauss2', ..., 'rk4', 'trapezoidal']`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> {"euler", "rk4", "gauss4"} <= set(geomjax.method_names())
+    True
+
+    ```
     """
     return sorted(_METHODS)
 
@@ -44,7 +56,14 @@ def method_names() -> list[str]:
 def method_order(name: str) -> int:
     """Classical order of the named method.
 
-    Example: `geomjax.method_order("gauss4")` → `4`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> geomjax.method_order("gauss4")
+    4
+
+    ```
     """
     return _METHODS[name][1]
 

@@ -424,7 +424,16 @@ def nonholonomic_field(system: System) -> NonholonomicField:
 def nonholonomic_quantities(system: System, x):
     """F(x) = (J(x), H_ext(x), I(x)) for a nonholonomic system (constraint momenta first).
 
-    Example: `geomjax.nonholonomic_quantities(model.system, model.x0)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.knife_edge()
+    >>> F = geomjax.nonholonomic_quantities(model.system, model.x0)   # (J, H_ext, integrals)
+    >>> float(abs(F[0])) < 1e-12
+    True
+
+    ```
     """
     _require(system)
     parts, s, _ = _at(system, x)
@@ -462,7 +471,17 @@ def project_nonholonomic(system: System, x):
     For a Hamiltonian quadratic in the momenta this gives J = 0 exactly; it is the
     orthogonal projection in the kinetic-energy metric.
 
-    Example: `x_on = geomjax.project_nonholonomic(system, x)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.knife_edge()
+    >>> x_off = model.x0.at[3:].add(0.3)
+    >>> x_on = geomjax.project_nonholonomic(model.system, x_off)
+    >>> float(abs(geomjax.nonholonomic_quantities(model.system, x_on)[0])) < 1e-12
+    True
+
+    ```
     """
     _require(system)
     parts, s, z = _at(system, x)

@@ -96,6 +96,15 @@ class ExplicitRungeKutta(FieldStep):
 def explicit_rk(field, tableau: ButcherTableau) -> ExplicitRungeKutta:
     """Build an explicit Runge–Kutta step for `field` (a geomjax field or a callable x ↦ ẋ).
 
-    Example: `geomjax.explicit_rk(geomjax.dirac_field(system), geomjax.RK4)(x, 0.01)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> rk4 = geomjax.explicit_rk(geomjax.dirac_field(model.system), geomjax.RK4)
+    >>> rk4(model.x0, 0.01).shape
+    (6,)
+
+    ```
     """
     return ExplicitRungeKutta(as_field(field), tableau)

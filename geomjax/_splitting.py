@@ -134,9 +134,14 @@ def compose(steps: AbstractStep | Callable | Sequence, coefficients: Sequence[fl
     Example (Yoshida's 4th-order method from Strang splitting):
 
     ```python
-    kinetic, potential = geomjax.models.pendulum_flows(model)
-    s = geomjax.strang(kinetic, potential)
-    yoshida4 = geomjax.compose(s, geomjax.triple_jump_coefficients(2))
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> kinetic, potential = geomjax.models.pendulum_flows(model)
+    >>> s = geomjax.strang(kinetic, potential)
+    >>> yoshida4 = geomjax.compose(s, geomjax.triple_jump_coefficients(2))
+    >>> yoshida4(model.x0, 0.1).shape
+    (6,)
+
     ```
     """
     if isinstance(steps, AbstractStep) or (callable(steps) and not isinstance(steps, Sequence)):
@@ -174,8 +179,13 @@ def lie_trotter(flow_a, flow_b) -> Composition:
     Example:
 
     ```python
-    kinetic, potential = geomjax.models.pendulum_flows(model)
-    sol = geomjax.integrate(geomjax.lie_trotter(kinetic, potential), model.x0, dt=1e-3, steps=1000)
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> kinetic, potential = geomjax.models.pendulum_flows(model)
+    >>> sol = geomjax.integrate(geomjax.lie_trotter(kinetic, potential), model.x0, dt=1e-3, steps=1000)
+    >>> sol.message
+    'success'
+
     ```
     """
     return compose((flow_a, flow_b), (1.0, 1.0))
@@ -195,8 +205,13 @@ def strang(flow_a, flow_b) -> Composition:
     Example:
 
     ```python
-    kinetic, potential = geomjax.models.pendulum_flows(model)
-    step = geomjax.strang(potential, kinetic)   # kick–drift–kick (velocity Verlet) order
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> kinetic, potential = geomjax.models.pendulum_flows(model)
+    >>> step = geomjax.strang(potential, kinetic)   # kick–drift–kick (velocity Verlet) order
+    >>> step(model.x0, 0.01).shape
+    (6,)
+
     ```
     """
     return compose((flow_a, flow_b), (0.5, 1.0, 0.5))
@@ -207,7 +222,14 @@ def triple_jump_coefficients(order: int) -> tuple[float, float, float]:
 
     γ₁ = γ₃ = 1/(2 − 2^{1/(p+1)}), γ₂ = 1 − 2γ₁ (Creutz–Gocksch 1989, Yoshida 1990).
 
-    Example: `triple_jump_coefficients(2)` ≈ (1.3512, −1.7024, 1.3512).
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> [round(c, 4) for c in geomjax.triple_jump_coefficients(2)]
+    [1.3512, -1.7024, 1.3512]
+
+    ```
     """
     if order < 2 or order % 2:
         raise ValueError(f"the triple jump needs a symmetric method of even order ≥ 2, got {order}")
@@ -221,6 +243,15 @@ def triple_jump(step, order: int = 2) -> Composition:
 
     Gives a symmetric method of order `order + 2` (e.g. Strang or RATTLE → order 4).
 
-    Example: `geomjax.triple_jump(geomjax.rattle(system))` is a 4th-order RATTLE.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum(holonomic=True)
+    >>> rattle4 = geomjax.triple_jump(geomjax.rattle(model.system))  # 4th order, symplectic
+    >>> geomjax.integrate(rattle4, model.x0, dt=0.01, steps=100).message
+    'success'
+
+    ```
     """
     return compose(step, triple_jump_coefficients(order))

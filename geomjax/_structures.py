@@ -189,7 +189,15 @@ def lie_poisson_se2() -> LiePoissonSE2:
 
     A structure on μ ∈ R³, applied elementwise (no matrix product).
 
-    Example: `geomjax.System(lambda m: 0.5 * m @ m, geomjax.lie_poisson_se2())`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> planar_body = geomjax.System(lambda m: 0.5 * m @ m, geomjax.lie_poisson_se2())
+    >>> planar_body.dim
+    3
+
+    ```
     """
     return LiePoissonSE2()
 

@@ -41,8 +41,13 @@ def drift_slope(ts, errors, windows: int = 10) -> DriftFit:
     Example:
 
     ```python
-    err = geomjax.diagnostics.energy_errors(system, sol.xs)
-    geomjax.diagnostics.drift_slope(sol.ts, err).relative  # ≈ 0 for RATTLE
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum(holonomic=True)
+    >>> sol = geomjax.integrate(geomjax.rattle(model.system), model.x0, dt=0.05, steps=2000)
+    >>> err = geomjax.diagnostics.energy_errors(model.system, sol.xs)
+    >>> abs(geomjax.diagnostics.drift_slope(sol.ts, err).relative) < 0.2  # no drift for RATTLE
+    True
+
     ```
     """
     ts = np.asarray(ts, dtype=float).ravel()

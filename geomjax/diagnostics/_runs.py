@@ -40,7 +40,16 @@ def final_state(step, x0, h, n):
 
     `(x_n, status)`: the flat final state and a `geomjax.RESULTS` item.
 
-    Example: `x, status = geomjax.diagnostics.final_state(geomjax.rattle(system), x0, 0.01, 100)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum(holonomic=True)
+    >>> x, status = geomjax.diagnostics.final_state(geomjax.rattle(model.system), model.x0, 0.01, 100)
+    >>> bool(status == geomjax.RESULTS.successful)
+    True
+
+    ```
     """
     if not isinstance(step, AbstractStep):
         step = FunctionStep(step)
@@ -67,9 +76,15 @@ def global_errors(step, x0, t_final: float, num_steps, reference) -> np.ndarray:
     Example:
 
     ```python
-    ns = [25, 50, 100, 200]
-    errs = geomjax.diagnostics.global_errors(step, x0, 1.0, ns, x_exact)
-    geomjax.diagnostics.convergence_order([1.0 / n for n in ns], errs).order
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum(holonomic=True)
+    >>> step = geomjax.rattle(model.system)
+    >>> x_ref = geomjax.integrate(step, model.x0, dt=1e-4, steps=10_000, save_every=10_000).xs[-1]
+    >>> ns = [25, 50, 100, 200]
+    >>> errs = geomjax.diagnostics.global_errors(step, model.x0, 1.0, ns, x_ref)
+    >>> round(geomjax.diagnostics.convergence_order([1.0 / n for n in ns], errs).order, 1)
+    2.0
+
     ```
     """
     reference = np.asarray(reference)
@@ -90,7 +105,15 @@ def _jacobian(step, x, h):
 def step_jacobian(step, x, h):
     """DΦ_h(x), the Jacobian of the flat step map x ↦ step(x, h), by `jax.jacfwd` (compiled).
 
-    Example: `geomjax.diagnostics.step_jacobian(geomjax.rattle(system), x0, 0.1)` (6 × 6).
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum(holonomic=True)
+    >>> geomjax.diagnostics.step_jacobian(geomjax.rattle(model.system), model.x0, 0.1).shape
+    (6, 6)
+
+    ```
     """
     if not isinstance(step, AbstractStep):
         step = FunctionStep(step)

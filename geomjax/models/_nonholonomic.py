@@ -67,7 +67,15 @@ def knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=jnp.pi / 6, omega=2.0) -> Model
     `quantity_names = ("J", "H", "p_phi")`: p_φ is conserved on the constraint set (the
     true motion); off it the extended field changes it at the rate −J·(p_x cos φ + p_y sin φ).
 
-    Example: `geomjax.models.knife_edge().exact(1.0)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.knife_edge()
+    >>> model.exact(1.0).shape
+    (6,)
+
+    ```
     """
     pr = _params(m=m, inertia=inertia, g=g, alpha=alpha, omega=omega)
     system = System(
@@ -143,7 +151,15 @@ def vertical_disk(m=1.0, radius=1.0, inertia_heading=0.25, inertia_rolling=0.5, 
     `quantity_names = ("J1", "J2", "H", "p_phi", "p_theta")`; p_φ and p_θ are conserved on
     the constraint set.
 
-    Example: `geomjax.nonholonomic_field(geomjax.models.vertical_disk().system)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.vertical_disk()
+    >>> geomjax.nonholonomic_field(model.system)(model.x0).shape == model.x0.shape
+    True
+
+    ```
     """
     pr = _params(
         m=m, radius=radius, inertia_heading=inertia_heading, inertia_rolling=inertia_rolling

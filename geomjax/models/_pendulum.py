@@ -101,7 +101,15 @@ def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False)
     A `geomjax.models.Model` with `quantity_names = ("f1", "f2", "H")`, or
     `("g", "gdot", "H")` with `holonomic=True`.
 
-    Example: `geomjax.dirac_field(geomjax.models.planar_pendulum().system)`.
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.planar_pendulum()
+    >>> geomjax.dirac_field(model.system)(model.x0).shape
+    (4,)
+
+    ```
     """
     params = _params(m=m, g=g, length=length)
     zero = jnp.zeros((), jnp.float64)
