@@ -1,8 +1,11 @@
-"""The quantities every constrained field is built from, derived by autodiff.
+"""The quantities every constrained field is built from, derived by autodiff, vectorised.
 
-At a state `z` (in pieces) these are ∇H, the constraint values f and gradients ∇f_i
-(reverse-mode passes with unit cotangents), the Hamiltonian fields X_{f_i} = B∇f_i and the
-matrix C_ij = {f_i, f_j}.
+At a state `z` (in pieces) these are ∇H, the constraint values f, their gradients ∇f_i
+stacked along a leading axis (one vectorised reverse pass: `vmap` of the pullback over
+unit cotangents), the Hamiltonian fields X_{f_i} = B∇f_i (the structure applied under
+`vmap`) and the matrix C_ij = {f_i, f_j} = ⟨∇f_i, X_{f_j}⟩, one contraction. Nothing is
+unrolled per constraint, so the size of the traced program, and the compile time, do not
+grow with the number of constraints.
 """
 
 import equinox as eqx
@@ -10,20 +13,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._field import tree_dot
 from ._linalg import small_solve
 from ._system import System
 
 
+def stacked_dot(a, b):
+    """⟨a_i, b_j⟩ summed over the pieces, for pieces stacked along a leading axis: (m, k)."""
+    leaves = [
+        jnp.einsum("i...,j...->ij", u.reshape(u.shape[0], -1), v.reshape(v.shape[0], -1))
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    ]
+    return sum(leaves[1:], leaves[0])
+
+
+def stacked_combination(coefficients, stacked):
+    """Σ_j c_j s_j for pieces `stacked` with a leading axis j."""
+    return jax.tree_util.tree_map(lambda s: jnp.tensordot(coefficients, s, axes=1), stacked)
+
+
+def piece_dot(a, b):
+    """⟨a, b⟩ summed over the pieces of two states."""
+    leaves = [jnp.vdot(u, v) for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
+    return sum(leaves[1:], leaves[0])
+
+
 class ConstraintData(eqx.Module):
-    """∇H, f, ∇f_i, X_{f_i} and C at one state (all gradients in pieces)."""
+    """∇H, X_H, f, ∇f (stacked), X_f (stacked) and C at one state (gradients in pieces)."""
 
     grad_h: object
     x_h: object
     values: jax.Array
-    grads: tuple
-    fields: tuple
+    grads: object
+    fields: object
     matrix: jax.Array
+
+    @property
+    def count(self) -> int:
+        return self.values.shape[0]
 
 
 def constraint_data(system: System, z) -> ConstraintData:
@@ -33,29 +59,23 @@ def constraint_data(system: System, z) -> ConstraintData:
     x_h = s.apply(z, grad_h)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
     m = values.shape[0]
-    eye = np.eye(m)  # numpy: literal constants that XLA can fold, not a hoisted iota
-    grads = tuple(f_vjp(eye[i])[0] for i in range(m))
-    fields = tuple(s.apply(z, g) for g in grads)
-    entries = [[None] * m for _ in range(m)]
-    zero = jnp.zeros((), values.dtype)
-    for i in range(m):
-        entries[i][i] = zero
-        for j in range(i + 1, m):
-            cij = tree_dot(grads[i], fields[j])
-            entries[i][j] = cij
-            entries[j][i] = -cij
-    matrix = jnp.stack([jnp.stack(row) for row in entries]) if m else jnp.zeros((0, 0), values.dtype)
+    if m == 0:
+        return ConstraintData(grad_h, x_h, values, None, None, jnp.zeros((0, 0), values.dtype))
+    # numpy: literal unit cotangents that XLA (and the simplification pass) can fold.
+    grads = jax.vmap(lambda e: f_vjp(e)[0])(np.eye(m, dtype=values.dtype))
+    fields = jax.vmap(lambda g: s.apply(z, g))(grads)
+    matrix = stacked_dot(grads, fields)
     return ConstraintData(grad_h, x_h, values, grads, fields, matrix)
 
 
 def dirac_multipliers(data: ConstraintData):
     """c = C⁻ᵀ h with h_i = {H, f_i}: the Dirac formula reads X = X_H − Σ_j c_j X_{f_j}."""
-    h = [tree_dot(data.grad_h, xf) for xf in data.fields]
-    if len(h) == 2:
+    h = stacked_dot(data.fields, jax.tree_util.tree_map(lambda g: g[None], data.grad_h))[:, 0]
+    if data.count == 2:
         # C = [[0, c], [−c, 0]] so Cᵀ c' = h reads −c·c'₁ = h₀, c·c'₀ = h₁.
         c = data.matrix[0, 1]
         return jnp.stack([h[1] / c, -h[0] / c])
-    return small_solve(data.matrix.T, jnp.stack(h))
+    return small_solve(data.matrix.T, h)
 
 
 def dirac_vector(data: ConstraintData, multipliers=None):
@@ -63,10 +83,7 @@ def dirac_vector(data: ConstraintData, multipliers=None):
 
     `multipliers` may pass c when the caller has already computed it.
     """
-    x = data.x_h
-    if not data.fields:
-        return x
+    if data.count == 0:
+        return data.x_h
     c = dirac_multipliers(data) if multipliers is None else multipliers
-    for j, xf in enumerate(data.fields):
-        x = jax.tree_util.tree_map(lambda a, b: a - c[j] * b, x, xf)
-    return x
+    return jax.tree_util.tree_map(jnp.subtract, data.x_h, stacked_combination(c, data.fields))

@@ -45,13 +45,23 @@ def _fields(model):
 
 
 def _arith_count(fn, *args):
-    """Arithmetic equations in the jaxpr of `fn` (calls inlined)."""
+    """Scalar arithmetic operations in the jaxpr of `fn` (calls inlined): each equation
+    counts its output size, a contraction its output size times the contracted length."""
     names = {"add", "add_any", "sub", "mul", "div", "neg", "integer_pow", "dot_general", "reduce_sum"}
+
+    def size(eqn):
+        out = int(np.prod(eqn.outvars[0].aval.shape))
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            out *= int(np.prod([eqn.invars[0].aval.shape[d] for d in lhs_contract]))
+        elif eqn.primitive.name == "reduce_sum":
+            out = int(np.prod(eqn.invars[0].aval.shape))
+        return out
 
     def count(jaxpr):
         total = 0
         for eqn in jaxpr.eqns:
-            total += eqn.primitive.name in names
+            total += size(eqn) if eqn.primitive.name in names else 0
             for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 total += count(sub)
         return total

@@ -117,6 +117,13 @@ def enabled(flag: bool = True):
         _state.enabled = previous
 
 
+# Factorisations and solves of state-dependent matrices: evaluated unchanged, quietly.
+_DENSE_LINEAR_ALGEBRA = {
+    "lu", "lu_pivots_to_permutation", "triangular_solve", "custom_linear_solve", "cholesky",
+    "eigh", "eig", "svd", "qr", "householder_product", "tridiagonal_solve", "schur",
+}
+
+
 class _Unsupported(Exception):
     """The jaxpr has an operation the scalar expansion does not handle."""
 
@@ -523,6 +530,10 @@ class _Expander:
             # anything of constants only (the LU factors of a constant matrix, ...) is a constant
             values = [self.constant_values(a, "operands") for a in invals]
             return [self.constant_array(o) for o in _evaluate(eqn.primitive, params, values)]
+        if name in _DENSE_LINEAR_ALGEBRA:
+            # Above `small_solve`'s unrolled size a solve is a library call on purpose:
+            # such a system is past what the scalar graph pays for. Quietly unchanged.
+            raise _TooLarge(f"a dense linear-algebra call (`{name}`) on state-dependent values")
         raise _Unsupported(f"`{name}`")
 
     def _closed(self, sub, invals):
