@@ -178,11 +178,23 @@ def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_b
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
     """
 
+    def advance(t, z):
+        return step.advance(t, z, dt, args)
+
+    if checkpoint:
+        # Reverse mode keeps only the state before each step and recomputes the step in
+        # the backward loop. Saving the step's own residuals instead stacks one array per
+        # intermediate scalar of the field (hundreds for a simplified derived field), and
+        # the loops that write and read them run 30–150× slower than the step. The
+        # bookkeeping stays outside: its one saved flag per step is all the backward
+        # loop needs of it. (`prevent_cse=False`: inside a scan no barrier is needed.)
+        advance = jax.checkpoint(advance, prevent_cse=False)
+
     def one_step(c, _):
         z, record = c
         k = record[_STEPS] + 1
         t = t0 + (k - 1).astype(dt.dtype) * dt
-        z_next, result = step.advance(t, z, dt, args)
+        z_next, result = advance(t, z)
         code = jnp.asarray(result._value, jnp.int64)
         blow_up = jnp.where(k == 1, _code(RESULTS.nonfinite_first_step), _code(RESULTS.diverged))
         code = jnp.where(code != _OK, code, jnp.where(_all_finite(z_next), _OK, blow_up))
@@ -199,8 +211,9 @@ def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_b
         c, _ = lax.scan(one_step, c, None, length=block)
         return c
 
-    if checkpoint:
-        run_block = jax.checkpoint(run_block)
+    if checkpoint and n_blocks > 1:
+        # Memory: the carries of one block at a time, plus one per block.
+        run_block = jax.checkpoint(run_block, prevent_cse=False)
 
     def outer(c, _):
         z, record = run_block(c)
