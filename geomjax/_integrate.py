@@ -320,11 +320,14 @@ def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_eve
         max_steps = steps + 1 if max_steps is None else max_steps
     else:
         # Non-finite error estimates shrink the step, so the saves stop at the time where
-        # the field turned non-finite; dtmin ends a solve whose step size collapses.
+        # the field turned non-finite; a step size below 1e-12 of the interval ends the
+        # solve at once (`force_dtmin=False`: diffrax's default would accept steps of
+        # dtmin, NaN ones included, until max_steps) as RESULTS.step_size_collapsed.
         controller = _RejectNonFinite(
             rtol=1e-6 if rtol is None else rtol,
             atol=1e-9 if atol is None else atol,
             dtmin=1e-12 * dt * steps,
+            force_dtmin=False,
         )
         max_steps = 1_000_000 if max_steps is None else max_steps
     sol = diffrax.diffeqsolve(
