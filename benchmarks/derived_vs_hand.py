@@ -59,7 +59,7 @@ def derived_field(x0, simplified=True):
     model = geomjax.models.spherical_pendulum(m=M, g=G)
     y = geomjax.feedback_field(model.system, x0, gains=K)
     if simplified:
-        return lambda q, p: y.rhs((q, p))
+        return lambda q, p: y.rhs(0.0, (q, p), None)
     return lambda q, p: y.vector((q, p))  # as traced from the autodiff derivation
 
 

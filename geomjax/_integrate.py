@@ -13,12 +13,15 @@ What a run guarantees (under `jit` and `vmap` too):
 """
 
 import operator
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._field import AbstractField, TimeField, as_field
@@ -32,6 +35,48 @@ from ._validate import as_state, check_positive_step, is_concrete
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
 # that Ctrl-C and progress bars act between chunks.
 _CHUNK_STEPS = 1 << 20
+
+
+# Compiled programs of the driver, keyed by (program, static structure of the inputs,
+# static options). An `eqx.filter_jit` re-partitions the modules on every call (a few
+# hundred microseconds for a step); here the inputs are flattened once, the array leaves
+# are the arguments of a plain `jax.jit` and everything else is closed over.
+_PROGRAMS: OrderedDict = OrderedDict()
+_MAX_PROGRAMS = 256
+_ARRAY = object()
+
+
+def _compiled_call(program, options: tuple, *trees):
+    """`program(*trees, *options)` compiled once per static structure of `trees`.
+
+    Array leaves (jax or numpy arrays, tracers) are traced; other leaves (functions,
+    Python numbers) are static, as with `eqx.filter_jit`. Works inside jit/vmap/grad.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(trees)
+    dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
+    static = tuple(_ARRAY if eqx.is_array(leaf) else leaf for leaf in leaves)
+    key = (program, options, treedef, static)
+    entry = _PROGRAMS.get(key)
+    if entry is None:
+        # The non-array leaves of the output (e.g. the functions inside a step that
+        # `_begin` returns) are kept from tracing and put back after each call.
+        out_static = []
+
+        def run(dynamic):
+            it = iter(dynamic)
+            full = [next(it) if leaf is _ARRAY else leaf for leaf in static]
+            out = program(*jax.tree_util.tree_unflatten(treedef, full), *options)
+            out_dynamic, rest = eqx.partition(out, eqx.is_array)
+            mixed = any(leaf is not None for leaf in jax.tree_util.tree_leaves(rest))
+            out_static[:] = [rest] if mixed else []
+            return out_dynamic if mixed else out
+
+        entry = _PROGRAMS[key] = (jax.jit(run), out_static)
+        if len(_PROGRAMS) > _MAX_PROGRAMS:
+            _PROGRAMS.popitem(last=False)
+    compiled, out_static = entry
+    out = compiled(dynamic)
+    return eqx.combine(out, out_static[0]) if out_static else out
 
 
 def _all_finite(z):
@@ -106,7 +151,6 @@ def _start(target: AbstractMonitored, x0, start_tol, drift_tol):
     return record, monitor
 
 
-@eqx.filter_jit
 def _begin(target, x0, start_tol, drift_tol):
     """The target specialised to this run, the loop carry at step 0 and the monitor."""
     z0 = target.split(x0)
@@ -128,18 +172,29 @@ def _select(ok, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
 
 
-@eqx.filter_jit
 def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_blocks: int, block: int, checkpoint: bool):
     """Run `n_blocks × block` steps; save the flat state after every block.
 
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
     """
 
+    def advance(t, z):
+        return step.advance(t, z, dt, args)
+
+    if checkpoint:
+        # Reverse mode keeps only the state before each step and recomputes the step in
+        # the backward loop. Saving the step's own residuals instead stacks one array per
+        # intermediate scalar of the field (hundreds for a simplified derived field), and
+        # the loops that write and read them run 30–150× slower than the step. The
+        # bookkeeping stays outside: its one saved flag per step is all the backward
+        # loop needs of it. (`prevent_cse=False`: inside a scan no barrier is needed.)
+        advance = jax.checkpoint(advance, prevent_cse=False)
+
     def one_step(c, _):
         z, record = c
         k = record[_STEPS] + 1
         t = t0 + (k - 1).astype(dt.dtype) * dt
-        z_next, result = step.advance(t, z, dt, args)
+        z_next, result = advance(t, z)
         code = jnp.asarray(result._value, jnp.int64)
         blow_up = jnp.where(k == 1, _code(RESULTS.nonfinite_first_step), _code(RESULTS.diverged))
         code = jnp.where(code != _OK, code, jnp.where(_all_finite(z_next), _OK, blow_up))
@@ -156,8 +211,9 @@ def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_b
         c, _ = lax.scan(one_step, c, None, length=block)
         return c
 
-    if checkpoint:
-        run_block = jax.checkpoint(run_block)
+    if checkpoint and n_blocks > 1:
+        # Memory: the carries of one block at a time, plus one per block.
+        run_block = jax.checkpoint(run_block, prevent_cse=False)
 
     def outer(c, _):
         z, record = run_block(c)
@@ -201,26 +257,58 @@ def _solution(ts, xs, record, dt, t0):
     return Solution(ts, xs, result, failed_step, dt, t0, num_steps)
 
 
-def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol):
+def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):
+    xs = jnp.concatenate([x0[None, :]] + list(pieces), axis=0)
+    ts = t0 + dt * block * jnp.arange(n_blocks + 1, dtype=x0.dtype)
+    return _solution(ts, xs, record, dt, t0)
+
+
+def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol):
+    """Start check, loop, saves and status of a run in one compiled program."""
     step, carry, monitor = _begin(step, x0, start_tol, drift_tol)
+    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint)
+    return _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
+
+
+def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint):
+    return _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint)
+
+
+def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol):
     n_blocks = steps // save_every
     concrete = is_concrete((x0, dt, t0, args, step))
     chunks = _chunks(n_blocks, save_every, progress) if concrete else [n_blocks]
-    bar = _progress_bar(steps, progress) if (progress and concrete) else None
+    if len(chunks) == 1:
+        bar = _progress_bar(steps, progress) if (progress and concrete) else None
+        sol = _compiled_call(
+            _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol), step, x0, dt, t0, args
+        )
+        if bar is not None:
+            bar.update(steps)
+            bar.close()
+        return sol
+    # Outside jit a long run goes in chunks, so that Ctrl-C and the progress bar act
+    # between them.
+    step, carry, monitor = _compiled_call(_begin, (start_tol, drift_tol), step, x0)
+    bar = _progress_bar(steps, progress) if progress else None
     pieces = []
     for n in chunks:
-        carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n, save_every, checkpoint)
+        carry, xs = _compiled_call(_chunk, (n, save_every, checkpoint), step, carry, dt, t0, args, monitor)
         pieces.append(xs)
         if bar is not None:
             bar.update(n * save_every)
     if bar is not None:
         bar.close()
-    xs = jnp.concatenate([x0[None, :]] + pieces, axis=0)
-    ts = t0 + dt * save_every * jnp.arange(n_blocks + 1, dtype=x0.dtype)
-    return _solution(ts, xs, carry[1], dt, t0)
+    return _compiled_call(_assemble, (n_blocks, save_every), x0, pieces, carry[1], dt, t0)
 
 
 def _run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+    options = (steps, save_every, rtol, atol, max_steps, start_tol, drift_tol)
+    return _compiled_call(_diffrax_run, options, field, solver, x0, dt, t0, args)
+
+
+def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+    """A diffrax solve with the start check and the save-point monitoring, compiled whole."""
     field, (z0, record), monitor = _begin(field, x0, start_tol, drift_tol)
     start_ok = record[_STATUS] == _OK
     t1 = t0 + dt * steps
@@ -232,11 +320,14 @@ def _run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_eve
         max_steps = steps + 1 if max_steps is None else max_steps
     else:
         # Non-finite error estimates shrink the step, so the saves stop at the time where
-        # the field turned non-finite; dtmin ends a solve whose step size collapses.
+        # the field turned non-finite; a step size below 1e-12 of the interval ends the
+        # solve at once (`force_dtmin=False`: diffrax's default would accept steps of
+        # dtmin, NaN ones included, until max_steps) as RESULTS.step_size_collapsed.
         controller = _RejectNonFinite(
             rtol=1e-6 if rtol is None else rtol,
             atol=1e-9 if atol is None else atol,
             dtmin=1e-12 * dt * steps,
+            force_dtmin=False,
         )
         max_steps = 1_000_000 if max_steps is None else max_steps
     sol = diffrax.diffeqsolve(
@@ -297,6 +388,42 @@ def _target(field_or_step, method):
             raise TypeError(f"method='step' needs a callable step(x, h) ↦ x_next, got {type(field_or_step).__name__}")
         return FunctionStep(field_or_step), True
     return as_field(field_or_step), False
+
+
+def _as_scalar(value, dtype):
+    """A scalar of `dtype`; concrete Python/NumPy numbers stay on the host (the compiled
+    run takes them as arguments), tracers and device arrays become jax arrays."""
+    if isinstance(value, (int, float, np.number, np.ndarray)) and not isinstance(value, bool):
+        return np.asarray(value, dtype=dtype)
+    return jnp.asarray(value, dtype=dtype)
+
+
+# Starts that passed the eager checks, per field or step: {id: (weak reference, keys)}.
+# A field or step is immutable and its checks are deterministic functions of it and of
+# x0, so a start that passed once passes again; fields with NumPy leaves (mutable in
+# place) are checked every time.
+_PASSED: dict = {}
+_MAX_PASSED = 64
+
+
+def _check_start(target, x0, start_tol) -> None:
+    """`target.check(x0)` and the constraint-set check of x0, once per (target, x0)."""
+    key = (np.asarray(x0).tobytes(), x0.shape, start_tol)
+    entry = _PASSED.get(id(target))
+    if entry is not None and entry[0]() is target and key in entry[1]:
+        return
+    target.check(x0)
+    check_on_constraint_set(target, x0, start_tol)
+    if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(target)):
+        return
+    try:
+        ref = weakref.ref(target, lambda _, i=id(target): _PASSED.pop(i, None))
+    except TypeError:
+        return
+    if entry is None or entry[0]() is not target:
+        entry = _PASSED[id(target)] = (ref, set())
+    if len(entry[1]) < _MAX_PASSED:
+        entry[1].add(key)
 
 
 def _as_count(value, name: str) -> int:
@@ -403,10 +530,9 @@ def integrate(
     if start_tol is not None and not (float(start_tol) >= 0):
         raise ValueError(f"start_tol must be non-negative (or None), got {start_tol!r}")
     if is_concrete(x0):
-        target.check(x0)
-        check_on_constraint_set(target, x0, start_tol)
-    dt = jnp.asarray(dt, dtype=x0.dtype)
-    t0 = jnp.asarray(t0, dtype=x0.dtype)
+        _check_start(target, x0, start_tol)
+    dt = _as_scalar(dt, x0.dtype)
+    t0 = _as_scalar(t0, x0.dtype)
     if not is_step and isinstance(method, diffrax.AbstractSolver):
         sol = _run_diffrax(
             target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol
@@ -423,7 +549,8 @@ def integrate(
         )
     if throw:
         if is_concrete(sol.status):
-            if bool(jnp.any(sol.status != 0)):
+            # One device-to-host transfer decides.
+            if np.any(np.asarray(sol.status) != 0):
                 raise IntegrationError(sol.message, sol)
         else:
             sol = sol.result.error_if(sol, sol.result != RESULTS.successful)

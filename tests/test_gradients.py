@@ -83,6 +83,26 @@ def test_forward_and_reverse_mode_agree_and_checkpointing_is_exact(ad_gradients)
     np.testing.assert_allclose(no_ckpt, ad_gradients[0], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("save_every", [1, SAVE, STEPS])
+def test_checkpointed_gradients_equal_the_plain_ones(save_every):
+    # checkpoint=True recomputes each step in the backward pass (and each save block when
+    # there are several); the gradients must be those of checkpoint=False to round-off.
+    def loss(x_start, g, gains, checkpoint):
+        model = geomjax.models.spherical_pendulum(g=g)
+        field = geomjax.feedback_field(model.system, model.x0, gains=gains)
+        sol = geomjax.integrate(
+            field, x_start, dt=DT, steps=STEPS, save_every=save_every, throw=False, checkpoint=checkpoint
+        )
+        return jnp.sum(sol.xs[:, 2]) + jnp.sum(sol.x_final**2)
+
+    grads = {
+        ck: jax.jit(jax.grad(lambda x, g, k: loss(x, g, k, ck), argnums=(0, 1, 2)))(X_START, G, GAINS)
+        for ck in (True, False)
+    }
+    for with_ckpt, without in zip(grads[True], grads[False]):
+        np.testing.assert_allclose(with_ckpt, without, rtol=1e-12, atol=1e-12)
+
+
 def test_vmap_sweep_over_gravity(ad_gradients):
     """vmap over the model parameter g: one compiled run per batch, different results per g."""
     gs = jnp.array([0.5, 1.0, 1.3, 2.0, 9.81])

@@ -219,11 +219,22 @@ def test_numpy_integer_steps_and_int64_counters(pendulum):
 
 
 def test_adaptive_diffrax_stops_at_once_on_a_nan_field():
-    field = lambda x: jnp.where(x[0] > 0.5, jnp.nan, 1.0) * jnp.ones_like(x)  # noqa: E731
+    evaluations = []
+
+    def field(x):
+        jax.debug.callback(lambda: evaluations.append(None))
+        return jnp.where(x[0] > 0.5, jnp.nan, 1.0) * jnp.ones_like(x)
+
     sol = geomjax.integrate(
         field, jnp.array([0.0]), dt=0.01, steps=100, method=diffrax.Tsit5(), rtol=1e-8, atol=1e-8, throw=False
     )
+    jax.effects_barrier()
     assert not bool(sol.ok)
+    assert sol.result == geomjax.RESULTS.step_size_collapsed
+    # The solve stops once the step size collapses, not after max_steps (10⁶) rejections:
+    # Tsit5 evaluates the field 6 times per step attempt.
+    assert len(evaluations) < 6 * 1000
+    assert int(sol.num_steps) < 1000
     # The failure is reported where the field turned NaN (x = t reaches 0.5 at t = 0.5).
     t_fail = float(sol.t0 + sol.failed_step * sol.dt)
     assert 0.45 <= t_fail <= 0.55
