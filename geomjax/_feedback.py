@@ -190,6 +190,10 @@ class FeedbackField(AbstractFeedbackField):
 
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)
+        if callable(self.metric):
+            # A callable metric is checked at the run's start when the field was built
+            # without x0 (feedback_field could not check it then).
+            _check_metric(self.metric, x0, None)
 
     def quantities(self, x):
         return self.system.conserved_quantities(x)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ._monitored import AbstractMonitored
+from ._validate import _TRACE_ERRORS, untraceable_message
 from .internal.simplify import scalar_graph
 
 
@@ -67,6 +68,8 @@ class SystemField(AbstractField):
 def _check_returns_state(fn, x, what: str, call: str, hint: str):
     try:
         out = jax.eval_shape(lambda y: fn(y), x)
+    except _TRACE_ERRORS as err:
+        raise TypeError(untraceable_message(what, err)) from err
     except TypeError as err:
         raise TypeError(f"{what} could not be called as {call}: {err}. {hint}") from err
     if not (hasattr(out, "shape") and out.shape == x.shape):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from ._monitored import AbstractMonitored
 from ._status import RESULTS
+from ._validate import _TRACE_ERRORS, untraceable_message
 
 #: Status of a step that did not fail (kept for older code; `geomjax.RESULTS.successful`).
 SUCCESS = RESULTS.successful
@@ -76,6 +77,8 @@ class FunctionStep(AbstractStep):
         call = "step(t, x, h, args)" if self.time_dependent else "step(x, h)"
         try:
             out = jax.eval_shape(lambda x: self.advance(h, x, h, None)[0], x0)
+        except _TRACE_ERRORS as err:
+            raise TypeError(untraceable_message("the step function", err)) from err
         except TypeError as err:
             raise TypeError(
                 f"the step function could not be called as {call}: {err}. A step maps "

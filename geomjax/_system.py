@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from ._structures import AbstractPoissonStructure, CanonicalStructure
+from ._validate import trace_user_function
 
 
 def _as_tuple(integrals):
@@ -19,6 +20,49 @@ def _as_tuple(integrals):
         if not callable(fn):
             raise TypeError(f"integrals[{i}] must be a callable x ↦ I(x), got {type(fn).__name__}")
     return integrals
+
+
+def _check_user_functions(system) -> None:
+    """Trace the user functions once on an abstract state (no values are computed): each
+    must be traceable by JAX and return the documented shape. Skipped where the structure
+    does not fix the state's length."""
+    structure = system.structure
+    dim = structure.dim
+    if dim is None:
+        return
+    spec = jax.ShapeDtypeStruct((dim,), jnp.float64)
+    out = trace_user_function(system.hamiltonian, spec, "the hamiltonian")
+    if getattr(out, "shape", None) != ():
+        shape = getattr(out, "shape", type(out).__name__)
+        raise ValueError(
+            f"the hamiltonian must return a scalar H(x), got shape {shape}; "
+            "for a vector of first integrals use integrals="
+        )
+    if system.constraints is not None:
+        out = trace_user_function(system.constraints, spec, "constraints")
+        if getattr(out, "ndim", None) not in (0, 1):
+            raise ValueError(
+                f"constraints must return a vector f(x) of shape (2k,), got shape {getattr(out, 'shape', None)}"
+            )
+        if out.ndim == 1 and out.shape[0] % 2:
+            raise ValueError(
+                f"constraints returns {out.shape[0]} functions, an odd number: a second-class set has "
+                "an even number (C_ij = {f_i, f_j} is antisymmetric, so it is singular in odd "
+                "dimension). For position constraints g(q) use holonomic=g, which adds the "
+                "velocity constraints itself"
+            )
+    if system.holonomic is not None:
+        out = trace_user_function(lambda x: system.holonomic(structure.split(x)[0]), spec, "holonomic")
+        if getattr(out, "ndim", None) not in (0, 1):
+            raise ValueError(
+                f"holonomic must return a vector g(q) of shape (k,), got shape {getattr(out, 'shape', None)}"
+            )
+    for i, fn in enumerate(system.integrals):
+        out = trace_user_function(fn, spec, f"integrals[{i}]")
+        if getattr(out, "ndim", None) not in (0, 1):
+            raise ValueError(
+                f"integrals[{i}] must return a scalar or a vector, got shape {getattr(out, 'shape', None)}"
+            )
 
 
 class System(eqx.Module):
@@ -98,6 +142,7 @@ class System(eqx.Module):
         self.holonomic = holonomic
         self.constraints = constraints
         self.integrals = _as_tuple(integrals)
+        _check_user_functions(self)
         if nonholonomic is not None:
             from ._nonholonomic import check_nonholonomic_system
 

@@ -70,3 +70,43 @@ def require_invertible(matrix, what: str, reason: str) -> None:
         raise ValueError(
             f"{what} is singular at x0 (singular values {np.array2string(sv, precision=3)}): {reason}"
         )
+
+
+#: The hint for user functions that cannot be traced by JAX.
+TRACE_HINT = (
+    "user functions must be written with jax.numpy and without Python control flow on "
+    "state values; use jnp.where / lax.cond"
+)
+
+_TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,  # includes TracerBoolConversionError (`if x[0] > 0:`)
+    jax.errors.TracerArrayConversionError,  # np.sin(x), np.asarray(x)
+    jax.errors.TracerIntegerConversionError,  # range(x[0]), a list indexed by a traced value
+)
+
+
+def untraceable_message(what: str, err: BaseException) -> str:
+    """A message for a user function that JAX cannot trace, naming the likely cause."""
+    if isinstance(err, jax.errors.TracerArrayConversionError):
+        cause = (
+            f"{what} converts a traced JAX array to a NumPy array (a NumPy function such as "
+            "np.sin, or np.asarray, applied to the state)"
+        )
+    elif isinstance(err, jax.errors.TracerIntegerConversionError):
+        cause = f"{what} uses a value that depends on the state as a Python integer (an index, range(...))"
+    else:
+        cause = (
+            f"{what} uses Python control flow (if, while, and/or, bool(), float()) on a value "
+            "that depends on the state"
+        )
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{cause}: {TRACE_HINT}. (JAX: {first})"
+
+
+def trace_user_function(fn, spec, what: str):
+    """`jax.eval_shape(fn, spec)`, turning JAX's tracer errors into a TypeError that says
+    what is wrong with the user function `what` and how to fix it."""
+    try:
+        return jax.eval_shape(fn, spec)
+    except _TRACE_ERRORS as err:
+        raise TypeError(untraceable_message(what, err)) from err

@@ -33,12 +33,18 @@ class Method:
     - `produce`: `produce(setup, progress) -> geomjax.Solution`; `progress` is `False` or
       a label for the progress bar (pass it on to `geomjax.integrate(progress=...)`).
     - `style`: extra matplotlib line keywords (colour, linestyle, ...), optional.
+    - `target`: `target(setup)`, the field or step that `produce` integrates, for
+      `default_check` (optional).
+    - `monitored`: False for runs made with `drift_tol=None` (comparison runs whose point is
+      to show drift); their table row then reports what the default check would say.
     """
 
     name: str
     description: str
     produce: Callable[[Any, bool | str], Any]
     style: Mapping = field(default_factory=dict)
+    target: Callable[[Any], Any] | None = None
+    monitored: bool = True
 
 
 @dataclass
@@ -95,6 +101,56 @@ def max_finite(a) -> float:
     if not np.all(np.isfinite(a)):
         return float("inf")
     return float(a.max())
+
+
+def _status_names() -> dict[int, str]:
+    import geomjax
+
+    return {int(item._value): name for name, item in geomjax.RESULTS._name_to_item.items()}
+
+
+def default_check(target, solution, save_every: int, drift_tol: float = 1e-2) -> str:
+    """What `geomjax.integrate`'s default monitoring says about a run made with `drift_tol=None`.
+
+    Comparison runs whose point is to show drift are made with monitoring off, so their
+    curves are complete. This replays the default check on the same saved states, with the
+    test the driver applies at every save point: a first integral I of `target` (the field
+    or step that was integrated) further than `drift_tol·(1 + |I(x0)|)` from I(x0) is
+    `invariant_drift`, a constraint residual above `drift_tol·(1 + max|x0|)` is
+    `constraint_violation`, a non-finite monitored value is `constraint_violation`. The
+    run's own failure (a blow-up, a Newton failure) counts too, so the answer is exactly the
+    status a default run (`drift_tol=1e-2`, same `save_every`) would end with.
+
+    Returns `"ok"` or `"<status> at step N"`.
+    """
+    xs = jax.numpy.asarray(solution.xs)
+    x0 = xs[0]
+    inv = np.asarray(jax.jit(jax.vmap(target.invariants))(xs))
+    res = np.asarray(jax.jit(jax.vmap(target.constraint_residuals))(xs))
+    scale = 1.0 + float(np.max(np.abs(np.asarray(x0))))
+    with np.errstate(invalid="ignore"):
+        drift = np.zeros(xs.shape[0], dtype=bool)
+        if inv.shape[1]:
+            rel = np.abs(inv - inv[0]) / (1.0 + np.abs(inv[0]))
+            drift = np.max(rel, axis=1) > drift_tol
+        violated = np.zeros(xs.shape[0], dtype=bool)
+        if res.shape[1]:
+            violated = np.max(np.abs(res), axis=1) > drift_tol * scale
+    finite_state = np.all(np.isfinite(np.asarray(xs)), axis=1)
+    nonfinite = ~(np.all(np.isfinite(inv), axis=1) & np.all(np.isfinite(res), axis=1))
+    # Saves after the run's own failure are NaN: that failure is reported below.
+    bad = (drift | violated | nonfinite) & finite_state
+    own_step = int(np.asarray(solution.failed_step))
+    names = _status_names()
+    if bad.any():
+        i = int(np.argmax(bad))
+        step = i * save_every
+        if own_step < 0 or step < own_step:
+            name = "constraint_violation" if (violated[i] or nonfinite[i]) else "invariant_drift"
+            return f"{name} at step {step}"
+    if own_step >= 0:
+        return f"{names[int(np.asarray(solution.status))]} at step {own_step}"
+    return "ok"
 
 
 # --------------------------------------------------------------------------------------

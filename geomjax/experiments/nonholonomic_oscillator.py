@@ -171,6 +171,8 @@ def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, secti
                 "max |dH|": max_finite(e[:, 1]),
                 "max |dH_y|": max_finite(e[:, 2]),
                 "run [s]": r.run_time_s,
+                # every run here is made with the default monitoring (drift_tol = 1e-2)
+                "default check": "ok" if bool(r.solution.ok) else r.solution.message,
             }
         )
         methods[r.method.name] = {

@@ -13,7 +13,10 @@ the same pendulum with the rod as g(q) = |q|² − 1); Lie–Trotter and Strang 
 H into |p|²/2m and m g q₃ with their exact flows on T*S² (`geomjax.models.pendulum_flows`);
 and, as a baseline, Euler on the Dirac field without feedback. All errors are measured with
 the seed's functions f₁ = |q|², f₂ = q·p, H, J. The summary table gives max |Δf₁|, |Δf₂|,
-|ΔH|, |ΔJ| and the wall time per method.
+|ΔH|, |ΔJ| and the wall time per method, the run's status, and a "default check" column:
+the status `geomjax.integrate` would report with its default monitoring (drift_tol = 1e-2).
+The Euler baseline without feedback is run with `drift_tol=None`, so its curves show the
+whole drift; its default check names the step where the default run would have stopped.
 
 Methods are the entries of `METHODS`: each a `Method(name, description, produce)` with
 `produce(setup, progress) -> geomjax.Solution` saving every `setup.save_every` steps.
@@ -30,6 +33,7 @@ import geomjax
 from . import register
 from ._common import (
     Method,
+    default_check,
     delta_label,
     invariant_errors,
     math_name,
@@ -77,13 +81,22 @@ def _integrate(field, setup: Setup, progress, **kwargs):
     )
 
 
+def _feedback(setup: Setup):
+    return geomjax.feedback_field(setup.model.system, setup.model.x0, gains=setup.gains)
+
+
 def _feedback_euler(setup: Setup, progress):
-    field = geomjax.feedback_field(setup.model.system, setup.model.x0, gains=setup.gains)
-    return _integrate(field, setup, progress, method="euler")
+    return _integrate(_feedback(setup), setup, progress, method="euler")
+
+
+def _dirac(setup: Setup):
+    return geomjax.dirac_field(setup.model.system)
 
 
 def _dirac_euler(setup: Setup, progress):
-    return _integrate(geomjax.dirac_field(setup.model.system), setup, progress, method="euler")
+    # Monitoring off: the point of this baseline is to show how far it drifts; the table's
+    # "default check" column says where the default drift_tol would have stopped it.
+    return _integrate(_dirac(setup), setup, progress, method="euler", drift_tol=None)
 
 
 def _holonomic_model(setup: Setup):
@@ -95,14 +108,25 @@ def _holonomic_model(setup: Setup):
     )
 
 
+def _rattle_step(setup: Setup):
+    return geomjax.rattle(_holonomic_model(setup).system)
+
+
 def _rattle(setup: Setup, progress):
-    return _integrate(geomjax.rattle(_holonomic_model(setup).system), setup, progress)
+    return _integrate(_rattle_step(setup), setup, progress)
+
+
+def _splitting_step(compose):
+    def target(setup: Setup):
+        kinetic, potential = geomjax.models.pendulum_flows(setup.model)
+        return compose(kinetic, potential)
+
+    return target
 
 
 def _splitting(compose):
     def produce(setup: Setup, progress):
-        kinetic, potential = geomjax.models.pendulum_flows(setup.model)
-        return _integrate(compose(kinetic, potential), setup, progress)
+        return _integrate(_splitting_step(compose)(setup), setup, progress)
 
     return produce
 
@@ -113,40 +137,58 @@ METHODS: list[Method] = [
         "explicit Euler on the feedback field Y = X - grad V (Dirac field X, gains k1..k4 = 50), "
         "seed 000 eqs. (7)-(8)",
         _feedback_euler,
+        target=_feedback,
     ),
     Method(
         "RATTLE",
         "RATTLE (symplectic, order 2): g = |q|^2 - 1 and its hidden constraint q.p = 0 imposed "
         "by Newton multipliers, derived by autodiff",
         _rattle,
+        target=_rattle_step,
     ),
     Method(
         "Lie-Trotter",
         "Lie-Trotter splitting of H into |p|^2/2m (exact great-circle flow) then m g q3 "
         "(exact constrained kick), order 1",
         _splitting(geomjax.lie_trotter),
+        target=_splitting_step(geomjax.lie_trotter),
     ),
     Method(
         "Strang",
         "Strang splitting: half step of |p|^2/2m, full kick of m g q3, half step of |p|^2/2m "
         "(exact sub-flows), order 2",
         _splitting(geomjax.strang),
+        target=_splitting_step(geomjax.strang),
     ),
     Method(
         "Euler, no feedback",
-        "explicit Euler on the Dirac-extended field X alone (no feedback term)",
+        "explicit Euler on the Dirac-extended field X alone (no feedback term), run with "
+        "drift_tol=None so that its drift is shown in full",
         _dirac_euler,
         {"linestyle": "--"},
+        target=_dirac,
+        monitored=False,
     ),
 ]
 
 
-def _method_metrics(run, errors: np.ndarray, names) -> dict:
+def _method_metrics(run, errors: np.ndarray, names, setup: Setup) -> dict:
     sol = run.solution
+    method = run.method
+    if method.monitored:
+        check = "ok" if int(np.asarray(sol.failed_step)) < 0 else None
+    else:
+        check = None
+    if check is None and method.target is not None:
+        check = default_check(method.target(setup), sol, setup.save_every)
+    elif check is None:
+        check = sol.message
     steps = int(np.asarray(sol.num_steps))
     metrics = {
         "description": run.method.description,
         "status": sol.message,
+        "monitored": method.monitored,
+        "default_check": check,
         "failed_step": int(np.asarray(sol.failed_step)),
         "steps": steps,
         "wall_time_s": run.wall_time_s,
@@ -213,7 +255,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
         )
     )
 
-    per_method = {r.method.name: _method_metrics(r, errors[r.method.name], names) for r in runs}
+    per_method = {r.method.name: _method_metrics(r, errors[r.method.name], names, setup) for r in runs}
     summary = [
         {
             "method": name,
@@ -221,7 +263,9 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
             "wall [s]": m["wall_time_s"],
             "run [s]": m["run_time_s"],
             **{f"max|d{q}|": m[f"max_abs_d{q}"] for q in names},
-            "status": "ok" if m["failed_step"] < 0 else f"failed at step {m['failed_step']}",
+            "status": ("ok" if m["failed_step"] < 0 else f"failed at step {m['failed_step']}")
+            + ("" if m["monitored"] else " (drift_tol=None)"),
+            "default check": m["default_check"],
         }
         for name, m in per_method.items()
     ]

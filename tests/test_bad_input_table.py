@@ -1,0 +1,268 @@
+"""The README's "What happens with bad input" table, one test per row.
+
+Each row is (input class, public function, what happens). What happens is either an
+exception (type and a pattern of its message) or, for runs that cannot raise (inside
+`jit`, under `vmap`, `throw=False`), the `geomjax.RESULTS` status and the step it names.
+Compiled objects are shared through module-level fixtures; every run is a few steps.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import geomjax
+import geomjax._integrate as driver
+
+R = geomjax.RESULTS
+
+
+class Ctx:
+    """Models, fields and compiled runners shared by all rows."""
+
+    def __init__(self):
+        self.model = geomjax.models.spherical_pendulum()
+        self.holo = geomjax.models.spherical_pendulum(holonomic=True)
+        self.knife = geomjax.models.knife_edge()
+        self.x0 = self.model.x0
+        self.dirac = geomjax.dirac_field(self.model.system)
+        self.dirac_holo = geomjax.dirac_field(self.holo.system)
+        self.feedback = geomjax.feedback_field(self.model.system, self.x0, gains=50.0)
+        self.rattle = geomjax.rattle(self.holo.system)
+        self.strang = geomjax.strang(*geomjax.models.pendulum_flows(self.model))
+        self.dla = geomjax.dla(self.knife.system)
+
+        @eqx.filter_jit
+        def run_jit(target, x, dt):
+            return geomjax.integrate(target, x, dt=dt, steps=4, throw=False)
+
+        self.run_jit = run_jit
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return Ctx()
+
+
+def run(target, x, **kw):
+    kw = {"dt": 0.01, "steps": 4, **kw}
+    return geomjax.integrate(target, x, **kw)
+
+
+def off_pendulum(c, eps):
+    """The pendulum start with a momentum component along q: q·p = eps (off T*S²)."""
+    return c.x0.at[4].add(eps)
+
+
+def off_knife(c, eps):
+    """The knife-edge start with a sideways momentum: the constraint momentum J = −eps."""
+    return c.knife.x0.at[4].add(eps)
+
+
+def h_with_if(x):
+    if x[0] > 0:  # Python control flow on a traced value
+        return 0.5 * x[3:] @ x[3:]
+    return 0.5 * x[3:] @ x[3:] + x[2]
+
+
+def h_with_numpy(x):
+    return 0.5 * x[3:] @ x[3:] + np.sin(x[2])
+
+
+def system_with(c, **kw):
+    base = {"constraints": c.model.system.constraints}
+    base.update(kw)
+    hamiltonian = base.pop("hamiltonian", c.model.system.hamiltonian)
+    return geomjax.System(hamiltonian, geomjax.canonical(3), **base)
+
+
+def singular_g(q):
+    return jnp.atleast_1d((q @ q - 1.0) ** 2)  # Dg = 0 on the sphere
+
+
+def raises(exc, pattern):
+    return ("raises", exc, pattern)
+
+
+def status(item, step):
+    return ("status", item, step)
+
+
+ACCEPTED = ("accepted",)
+OFF = "off the constraint set"
+SQUARE = np.array([[1.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+INDEFINITE4 = np.diag([1.0, 1.0, -1.0, 1.0])
+
+# (id, input class, function, action(ctx), expected)
+ROWS = [
+    # ---------------------------------------------------------------- initial state
+    ("nan-integrate", "NaN in x0", "integrate", lambda c: run(c.dirac, c.x0.at[4].set(jnp.nan)),
+     raises(ValueError, r"non-finite.*indices \[4\]")),
+    ("inf-feedback", "inf in x0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0.at[0].set(jnp.inf), gains=1.0),
+     raises(ValueError, r"non-finite.*indices \[0\]")),
+    ("nan-rattle", "NaN in x0", "integrate(rattle)", lambda c: run(c.rattle, c.x0.at[1].set(jnp.nan)),
+     raises(ValueError, "non-finite")),
+    ("nan-jit", "NaN in x0, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0.at[4].set(jnp.nan), 0.01),
+     status(R.nonfinite_start, 0)),
+    ("nan-jit-throw", "NaN in x0, inside jit", "integrate(throw=True)",
+     lambda c: eqx.filter_jit(lambda x: run(c.dirac, x))(c.x0.at[4].set(jnp.nan)),
+     raises(eqx.EquinoxRuntimeError, "non-finite entries")),
+    ("float32-integrate", "float32 x0", "integrate", lambda c: run(c.dirac, np.asarray(c.x0, np.float32)),
+     raises(TypeError, "float32.*float64")),
+    ("float32-feedback", "float32 x0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, jnp.asarray(c.x0, jnp.float32), gains=1.0),
+     raises(TypeError, "float32.*float64")),
+    ("length-integrate", "x0 of wrong length", "integrate", lambda c: run(c.dirac, jnp.ones(5)),
+     raises(ValueError, "length 5.*length 6")),
+    ("2d-integrate", "2-D x0", "integrate", lambda c: run(c.dirac, c.x0[None, :]),
+     raises(ValueError, r"one dimension.*\(1, 6\)")),
+    ("2d-feedback", "2-D x0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0.reshape(2, 3), gains=1.0),
+     raises(ValueError, r"one dimension.*\(2, 3\)")),
+    ("list-integrate", "list or int x0", "integrate", lambda c: run(c.dirac, [0, 1, 0, 1, 0, -1]),
+     ACCEPTED),
+    # ---------------------------------------------------------------- user functions
+    ("h-vector", "H returns a vector", "System", lambda c: system_with(c, hamiltonian=lambda x: 0.5 * x[3:] * x[3:]),
+     raises(ValueError, r"hamiltonian must return a scalar.*\(3,\)")),
+    ("f-matrix", "constraints return a matrix", "System", lambda c: system_with(c, constraints=lambda x: jnp.outer(x[:3], x[:3])),
+     raises(ValueError, r"constraints must return a vector.*\(3, 3\)")),
+    ("f-odd", "odd number of constraints", "System", lambda c: system_with(c, constraints=lambda x: jnp.stack([x[:3] @ x[:3]])),
+     raises(ValueError, "odd number")),
+    ("g-matrix", "holonomic returns a matrix", "System", lambda c: system_with(c, constraints=None, holonomic=lambda q: jnp.outer(q, q)),
+     raises(ValueError, r"holonomic must return a vector.*\(3, 3\)")),
+    ("h-if", "`if x[0] > 0:` in H", "System", lambda c: system_with(c, hamiltonian=h_with_if),
+     raises(TypeError, "hamiltonian uses Python control flow.*jnp.where / lax.cond")),
+    ("h-numpy", "`np.sin(x)` in H", "System", lambda c: system_with(c, hamiltonian=h_with_numpy),
+     raises(TypeError, "hamiltonian converts a traced JAX array to a NumPy array.*jax.numpy")),
+    ("field-if", "`if` in a plain field", "integrate", lambda c: run(lambda x: -x if x[0] > 0 else x, c.x0),
+     raises(TypeError, "vector field uses Python control flow")),
+    ("step-numpy", "`np.sin` in a step function", 'integrate(method="step")', lambda c: run(lambda x, h: x + h * np.sin(x), c.x0, method="step"),
+     raises(TypeError, "step function converts a traced JAX array")),
+    # ---------------------------------------------------------------- singular constraints
+    ("q0-dirac", "C singular at x0 (q = 0)", "integrate(dirac_field)", lambda c: run(c.dirac, jnp.array([0.0, 0, 0, 1, 0, -1])),
+     raises(ValueError, "constraint matrix.*singular")),
+    ("q0-feedback", "C singular at x0 (q = 0)", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, jnp.array([0.0, 0, 0, 1, 0, -1]), gains=1.0),
+     raises(ValueError, "constraint matrix.*singular")),
+    ("q0-jit", "C singular at x0 (q = 0), inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, jnp.array([0.0, 0, 0, 1, 0, -1]), 0.01),
+     status(R.nonfinite_first_step, 1)),
+    ("dg0-rattle", "g = (|q|² − 1)², Dg = 0 on S", "integrate(rattle)", lambda c: run(geomjax.rattle(system_with(c, constraints=None, holonomic=singular_g)), c.x0),
+     raises(ValueError, "not independent")),
+    ("dg0-dirac", "g = (|q|² − 1)², Dg = 0 on S", "integrate(dirac_field)", lambda c: run(geomjax.dirac_field(system_with(c, constraints=None, holonomic=singular_g)), c.x0),
+     raises(ValueError, "singular")),
+    # ---------------------------------------------------------------- starts off S
+    *[
+        row
+        for eps in (1e-6, 0.1)
+        for row in (
+            (f"off{eps}-dirac", f"x0 off S by {eps}", "integrate(dirac_field(holonomic=g))", lambda c, e=eps: run(c.dirac_holo, off_pendulum(c, e)),
+             raises(ValueError, OFF)),
+            (f"off{eps}-dirac-f", f"x0 off S by {eps}", "integrate(dirac_field(constraints=f))", lambda c, e=eps: run(c.dirac, off_pendulum(c, e)),
+             ACCEPTED),
+            (f"off{eps}-feedback", f"x0 off S by {eps}", "feedback_field(holonomic=g)", lambda c, e=eps: geomjax.feedback_field(c.holo.system, off_pendulum(c, e), gains=1.0),
+             raises(ValueError, OFF)),
+            (f"off{eps}-rattle", f"x0 off S by {eps}", "integrate(rattle)", lambda c, e=eps: run(c.rattle, off_pendulum(c, e)),
+             raises(ValueError, OFF)),
+            (f"off{eps}-strang", f"x0 off S by {eps}", "integrate(strang(*pendulum_flows))", lambda c, e=eps: run(c.strang, off_pendulum(c, e)),
+             raises(ValueError, OFF)),
+            (f"off{eps}-dla", f"x0 off S by {eps}", "integrate(dla) (knife edge)", lambda c, e=eps: run(c.dla, off_knife(c, e)),
+             raises(ValueError, OFF)),
+            (f"off{eps}-gauss4", f"x0 off S by {eps}", 'integrate(dirac_field(holonomic=g), method="gauss4")', lambda c, e=eps: run(c.dirac_holo, off_pendulum(c, e), method="gauss4"),
+             raises(ValueError, OFF)),
+        )
+    ],
+    ("off-jit-rattle", "x0 off S by 0.1, inside jit", "integrate(rattle, throw=False)", lambda c: c.run_jit(c.rattle, off_pendulum(c, 0.1), 0.01),
+     status(R.off_constraint_set, 0)),
+    ("off-start-tol-none", "x0 off S by 1e-6, start_tol=None", "integrate(dirac_field(holonomic=g))", lambda c: run(c.dirac_holo, off_pendulum(c, 1e-6), start_tol=None),
+     ACCEPTED),
+    # ---------------------------------------------------------------- gains and metrics
+    ("gain-zero", "gains = 0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=0.0),
+     raises(ValueError, "gains must be positive")),
+    ("gain-negative", "gains = −1", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=-1.0),
+     raises(ValueError, "gains must be positive")),
+    ("gain-nan", "gains = NaN", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=np.nan),
+     raises(ValueError, "gains must be finite")),
+    ("gain-nonsymmetric", "non-symmetric gain matrix", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=SQUARE),
+     raises(ValueError, "K must be symmetric")),
+    ("gain-indefinite", "indefinite gain matrix", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=INDEFINITE4),
+     raises(ValueError, "positive definite.*-1")),
+    ("metric-zero", "metric = 0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=0.0),
+     raises(ValueError, "positive scalar")),
+    ("metric-negative", "metric = −1", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=-1.0),
+     raises(ValueError, "positive scalar")),
+    ("metric-nan", "metric = NaN", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=np.nan),
+     raises(ValueError, "positive scalar, got nan")),
+    ("metric-nonsymmetric", "non-symmetric metric matrix", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=np.triu(np.ones((6, 6)))),
+     raises(ValueError, "symmetric")),
+    ("metric-indefinite", "indefinite metric matrix", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=np.diag([1.0] * 5 + [-1.0])),
+     raises(ValueError, "positive definite")),
+    ("metric-callable-bad", "callable metric, L(x0) = −I", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=lambda x: -jnp.eye(6)),
+     raises(ValueError, r"L\(x0\) must be positive definite")),
+    ("metric-callable-shape", "callable metric of wrong shape", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=1.0, metric=lambda x: jnp.eye(3)),
+     raises(ValueError, r"scalar or a \(6, 6\) matrix")),
+    ("metric-callable-late", "callable metric, L(x0) = −I, field built without x0", "integrate", lambda c: run(geomjax.feedback_field(c.model.system, gains=1.0, metric=lambda x: -jnp.eye(6)), c.x0),
+     raises(ValueError, r"L\(x0\) must be positive definite")),
+    # ---------------------------------------------------------------- dt, steps, save_every
+    *[
+        (f"dt-{dt}", f"dt = {dt}", "integrate", lambda c, d=dt: run(c.dirac, c.x0, dt=d), raises(ValueError, "dt must be a positive finite"))
+        for dt in (0.0, -0.01, float("nan"))
+    ],
+    ("dt-nan-jit", "dt = NaN, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(jnp.nan)),
+     status(R.nonfinite_first_step, 1)),
+    ("dt-zero-jit", "dt = 0, inside jit (not checkable: the run does not move)", "integrate(throw=False)",
+     lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(0.0)), ACCEPTED),
+    *[
+        (f"steps-{s!r}", f"steps = {s!r}", "integrate", lambda c, s=s: run(c.dirac, c.x0, steps=s), raises(ValueError, "steps must be a positive integer"))
+        for s in (0, -1, 2.5, True)
+    ],
+    ("steps-int64", "steps = np.int64(4)", "integrate", lambda c: run(c.dirac, c.x0, steps=np.int64(4)), ACCEPTED),
+    ("save-every", "save_every not dividing steps", "integrate", lambda c: run(c.dirac, c.x0, steps=10, save_every=3),
+     raises(ValueError, r"multiple of save_every")),
+    # ---------------------------------------------------------------- Newton, stability
+    ("newton-rattle", "h too large for Newton (h = 2)", "integrate(rattle)", lambda c: run(c.rattle, c.x0, dt=2.0),
+     raises(geomjax.IntegrationError, "failed at step 1.*Newton solve")),
+    ("newton-vmap", "h = 2 for one vmap member", "vmap(integrate(rattle, throw=False))",
+     lambda c: jax.vmap(lambda d: geomjax.integrate(c.rattle, c.x0, dt=d, steps=4, throw=False))(jnp.array([0.01, 2.0, 0.01])),
+     ("vmap", [R.successful, R.newton_failed, R.successful])),
+    ("euler-1.5", "feedback Euler at 1.5 × euler_step_limit", "integrate", lambda c: run(c.feedback, c.x0, dt=1.5 * float(c.feedback.euler_step_limit(c.x0)), steps=40),
+     raises(geomjax.IntegrationError, "first integral drifted")),
+    ("euler-3", "feedback Euler at 3 × euler_step_limit, drift_tol=None", "integrate", lambda c: run(c.feedback, c.x0, dt=3.0 * float(c.feedback.euler_step_limit(c.x0)), steps=40, drift_tol=None),
+     raises(geomjax.IntegrationError, "non-finite after finite steps.*stability limit")),
+]
+
+
+@pytest.mark.parametrize("row_id, what, function, action, expected", ROWS, ids=[r[0] for r in ROWS])
+def test_row(ctx, row_id, what, function, action, expected):
+    kind = expected[0]
+    if kind == "raises":
+        _, exc, pattern = expected
+        with pytest.raises(exc, match=pattern):
+            action(ctx)
+    elif kind == "status":
+        _, item, step = expected
+        sol = action(ctx)
+        assert sol.result == item, sol.message
+        assert int(sol.failed_step) == step
+        # Saves after the failure are NaN: a failed run never looks finite.
+        assert not np.isfinite(np.asarray(sol.xs[-1])).all()
+    elif kind == "vmap":
+        sol = action(ctx)
+        np.testing.assert_array_equal(np.asarray(sol.status), [int(item._value) for item in expected[1]])
+    else:
+        out = action(ctx)
+        if isinstance(out, geomjax.Solution):
+            assert bool(out.ok), out.message
+            assert out.xs.dtype == jnp.float64
+
+
+def test_long_runs_count_steps_in_int64_and_across_chunks(monkeypatch):
+    """steps = 2**31 + 5 is accepted (traced, not run) and the counters are int64; a run
+    split into compiled chunks reports every step."""
+    step = geomjax.FunctionStep(lambda x, h: x + h)
+    big = 2**31 + 5
+    shapes = jax.eval_shape(
+        lambda x: geomjax.integrate(step, x, dt=1.0, steps=big, save_every=big, throw=False), jnp.zeros(1)
+    )
+    assert shapes.xs.shape == (2, 1)
+    assert shapes.num_steps.dtype == jnp.int64 and shapes.failed_step.dtype == jnp.int64
+    monkeypatch.setattr(driver, "_CHUNK_STEPS", 8)
+    sol = geomjax.integrate(step, jnp.zeros(1), dt=1.0, steps=100, save_every=5)
+    assert int(sol.num_steps) == 100 and float(sol.xs[-1, 0]) == 100.0 and sol.xs.shape == (21, 1)
