@@ -8,7 +8,7 @@ the scalar operations of the simplified graph, the compile time and the time per
 both, which is what `MAX_INPUTS`, `MAX_NODES` and `MAX_OPERATIONS` are chosen from.
 
 From N = 5 on the constraint matrix (2N × 2N) is past the unrolled pivoting solve of
-`geomjax._linalg` and the field calls `jnp.linalg.solve`, which the expansion does not
+`geomjax._solve.linalg` and the field calls `jnp.linalg.solve`, which the expansion does not
 handle (it warns and runs the field unchanged). Rows `N*` (up to `--unroll-up-to` links)
 unroll that solve too, to measure the simplified graph past the shipped limits.
 

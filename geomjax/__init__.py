@@ -6,14 +6,14 @@ methods preserve to round-off are lost in float32.
 
 from . import _config  # noqa: F401  (enables float64 first)
 from . import models as models
-from ._bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
-from ._diffrax_adapter import StepSolver as StepSolver
-from ._dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
-from ._feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
-from ._field import AbstractField as AbstractField, TimeField as TimeField
-from ._integrate import integrate as integrate
-from ._methods import method_names as method_names, method_order as method_order, register_method as register_method
-from ._runge_kutta import (
+from ._system.bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
+from ._driver.diffrax_adapter import StepSolver as StepSolver
+from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
+from ._field.feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
+from ._field.base import AbstractField as AbstractField, TimeField as TimeField
+from ._driver.integrate import integrate as integrate
+from ._step.methods import method_names as method_names, method_order as method_order, register_method as register_method
+from ._step.runge_kutta import (
     EULER as EULER,
     HEUN as HEUN,
     KUTTA3 as KUTTA3,
@@ -22,19 +22,19 @@ from ._runge_kutta import (
     ButcherTableau as ButcherTableau,
     explicit_rk as explicit_rk,
 )
-from ._solution import IntegrationError as IntegrationError, Solution as Solution
+from ._driver.solution import IntegrationError as IntegrationError, Solution as Solution
 from ._status import RESULTS as RESULTS
-from ._step import AbstractStep as AbstractStep, FunctionStep as FunctionStep
-from ._structures import (
+from ._step.base import AbstractStep as AbstractStep, FunctionStep as FunctionStep
+from ._system.structures import (
     AbstractPoissonStructure as AbstractPoissonStructure,
     PoissonStructure as PoissonStructure,
     canonical as canonical,
     lie_poisson_se2 as lie_poisson_se2,
     lie_poisson_so3 as lie_poisson_so3,
 )
-from ._system import System as System
-from ._bundles import left_trivialised_se2 as left_trivialised_se2, left_trivialised_so3 as left_trivialised_so3
-from ._nonholonomic import (
+from ._system.system import System as System
+from ._system.bundles import left_trivialised_se2 as left_trivialised_se2, left_trivialised_so3 as left_trivialised_so3
+from ._field.nonholonomic import (
     NonholonomicFeedbackField as NonholonomicFeedbackField,
     NonholonomicField as NonholonomicField,
     embedding_defect as embedding_defect,
@@ -42,17 +42,17 @@ from ._nonholonomic import (
     nonholonomic_quantities as nonholonomic_quantities,
     project_nonholonomic as project_nonholonomic,
 )
-from ._dla import dla as dla, discrete_lagrange_dalembert as discrete_lagrange_dalembert
-from ._newton import Newton as Newton, NewtonResult as NewtonResult
-from ._rattle import rattle as rattle, shake as shake
-from ._splitting import (
+from ._step.dla import dla as dla, discrete_lagrange_dalembert as discrete_lagrange_dalembert
+from ._solve.newton import Newton as Newton, NewtonResult as NewtonResult
+from ._step.rattle import rattle as rattle, shake as shake
+from ._step.splitting import (
     compose as compose,
     lie_trotter as lie_trotter,
     strang as strang,
     triple_jump as triple_jump,
     triple_jump_coefficients as triple_jump_coefficients,
 )
-from ._implicit_rk import (  # importing registers "implicit_midpoint", "gauss2/4/6", "trapezoidal"
+from ._step.implicit_rk import (  # importing registers "implicit_midpoint", "gauss2/4/6", "trapezoidal"
     GAUSS2 as GAUSS2,
     GAUSS4 as GAUSS4,
     GAUSS6 as GAUSS6,
@@ -61,7 +61,7 @@ from ._implicit_rk import (  # importing registers "implicit_midpoint", "gauss2/
     ImplicitTableau as ImplicitTableau,
     implicit_rk as implicit_rk,
 )
-from ._projection import project as project
+from ._step.projection import project as project
 from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import geomjax
-import geomjax._integrate as driver
+import geomjax._driver.integrate as driver
 
 R = geomjax.RESULTS
 

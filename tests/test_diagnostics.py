@@ -18,7 +18,7 @@ from _holonomic_cases import (
 
 import geomjax
 from geomjax import diagnostics
-from geomjax._step import NEWTON_FAILED
+from geomjax._step.base import NEWTON_FAILED
 
 
 def test_convergence_order_removes_the_round_off_plateau():

@@ -6,7 +6,7 @@ import geomjax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from geomjax._step import AbstractStep
+from geomjax._step.base import AbstractStep
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from _holonomic_cases import (
 
 import geomjax
 from geomjax import diagnostics
-from geomjax._step import NEWTON_FAILED
+from geomjax._step.base import NEWTON_FAILED
 
 FIELD_1DOF = geomjax.hamiltonian_vector_field(PENDULUM_1DOF.hamiltonian, PENDULUM_1DOF.structure)
 TABLEAUX = {
@@ -55,7 +55,7 @@ def test_gauss_is_symplectic(tableau):
 
 @pytest.mark.parametrize("method", ["trapezoidal", "euler"])
 def test_non_symplectic_methods_have_a_defect(method):
-    step = geomjax._methods.build_step(method, FIELD_HH)
+    step = geomjax._step.methods.build_step(method, FIELD_HH)
     defect = float(diagnostics.symplecticity_defect(step, X0_HH, 0.3))
     assert defect > 1e-4, defect
 

@@ -8,7 +8,7 @@ from _holonomic_cases import SPHERE, SPHERE_F, X0, measured_order, sphere_refere
 
 import geomjax
 from geomjax import diagnostics
-from geomjax._step import NEWTON_FAILED
+from geomjax._step.base import NEWTON_FAILED
 
 RATTLE = geomjax.rattle(SPHERE.system)
 RATTLE_GENERAL = geomjax.rattle(SPHERE.system, separable=False)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from geomjax._structures import AbstractPoissonStructure
+from geomjax._system.structures import AbstractPoissonStructure
 
 
 def _hat(v):

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from .._system import System
+from .._system.system import System
 
 
 def _states(xs):

@@ -7,7 +7,7 @@ import numpy as np
 from jax import lax
 
 from .._status import RESULTS, where_first
-from .._step import AbstractStep, FunctionStep
+from .._step.base import AbstractStep, FunctionStep
 from .._validate import as_state
 
 

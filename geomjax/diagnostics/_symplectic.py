@@ -20,9 +20,9 @@ in x.
 import jax
 import jax.numpy as jnp
 
-from .._step import AbstractStep, FunctionStep
-from .._structures import CanonicalStructure
-from .._system import System
+from .._step.base import AbstractStep, FunctionStep
+from .._system.structures import CanonicalStructure
+from .._system.system import System
 from ._runs import step_jacobian
 
 

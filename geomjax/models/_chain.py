@@ -3,8 +3,8 @@
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from .._structures import canonical
-from .._system import System
+from .._system.structures import canonical
+from .._system.system import System
 from ._model import Model
 from ._pendulum import _params
 

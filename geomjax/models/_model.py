@@ -5,7 +5,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 
-from .._system import System
+from .._system.system import System
 
 
 class Model(eqx.Module):

@@ -10,8 +10,8 @@ are stated in each docstring.
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from .._structures import canonical
-from .._system import System
+from .._system.structures import canonical
+from .._system.system import System
 from ._model import Model
 
 

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from .._bundles import left_trivialised_se2, left_trivialised_so3
-from .._structures import lie_poisson_so3
-from .._system import System
+from .._system.bundles import left_trivialised_se2, left_trivialised_so3
+from .._system.structures import lie_poisson_so3
+from .._system.system import System
 from ._model import Model
 
 

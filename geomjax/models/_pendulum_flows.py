@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._step import StructureStep, ok_status
-from .._structures import CanonicalStructure, canonical
+from .._step.base import StructureStep, ok_status
+from .._system.structures import CanonicalStructure, canonical
 from .._validate import as_state
 from ._model import Model
 

@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._status import RESULTS
+from .._status import RESULTS
 
 
 class IntegrationError(RuntimeError):

@@ -12,7 +12,7 @@ function, with no concatenate–slice round trip left for autodiff to transpose.
 Derived fields go one step further (`geomjax.internal.simplify` expands them into simplified
 scalar graphs); this interpreter serves the user functions inside them, and whole fields
 the graph leaves alone. The pieces may be as fine as single
-scalar entries (shape `(1,)` each, see `geomjax._sparse_ad`): forward-mode derivatives in
+scalar entries (shape `(1,)` each, see `geomjax.internal.sparse_ad`): forward-mode derivatives in
 one entry then touch only the operations that read it.
 """
 

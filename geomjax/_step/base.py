@@ -7,9 +7,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._monitored import AbstractMonitored
-from ._status import RESULTS
-from ._validate import _TRACE_ERRORS, untraceable_message
+from .._monitored import AbstractMonitored
+from .._status import RESULTS
+from .._validate import _TRACE_ERRORS, untraceable_message
 
 #: Status of a step that did not fail (kept for older code; `geomjax.RESULTS.successful`).
 SUCCESS = RESULTS.successful

@@ -2,7 +2,7 @@
 
 Inside compiled loops a state can be taken apart into its scalar entries (arrays of shape
 `(1,)`, `scalars`) and a user's function of the flat state evaluated on them with
-`geomjax._pieces.evaluate_on_pieces`: a slice `x[3]` reads the entry, a slice `x[3:]` is a
+`geomjax.internal.pieces.evaluate_on_pieces`: a slice `x[3]` reads the entry, a slice `x[3:]` is a
 view of entries, and nothing is concatenated unless an operation needs the whole vector.
 Derivatives are then forward-mode partials in single entries (`partial`,
 `sparse_partials`, `directional`), which never create the pads that reverse mode makes of
@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
-from ._linalg import small_solve
+from .._solve.linalg import small_solve
 
 
 def scalars(a):

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._linalg import small_solve
-from ._system import System
+from .._solve.linalg import small_solve
+from .._system.system import System
 
 
 def stacked_dot(a, b):

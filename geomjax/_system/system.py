@@ -6,8 +6,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._structures import AbstractPoissonStructure, CanonicalStructure
-from ._validate import trace_user_function
+from .structures import AbstractPoissonStructure, CanonicalStructure
+from .._validate import trace_user_function
 
 
 def _as_tuple(integrals):
@@ -144,7 +144,7 @@ class System(eqx.Module):
         self.integrals = _as_tuple(integrals)
         _check_user_functions(self)
         if nonholonomic is not None:
-            from ._nonholonomic import check_nonholonomic_system
+            from .._field.nonholonomic import check_nonholonomic_system
 
             check_nonholonomic_system(self, nonholonomic)
         self.nonholonomic = nonholonomic
@@ -198,7 +198,7 @@ class System(eqx.Module):
         if self.holonomic is not None:
             parts.append(self.constraint_functions(x))
         if self.nonholonomic is not None:
-            from ._nonholonomic import nonholonomic_quantities
+            from .._field.nonholonomic import nonholonomic_quantities
 
             quantities = nonholonomic_quantities(self, x)
             k = quantities.shape[0] - 1 - self.integral_values(x).shape[0]
@@ -214,7 +214,7 @@ class System(eqx.Module):
         extra integrals."""
         x = jnp.asarray(x)
         if self.nonholonomic is not None:
-            from ._nonholonomic import nonholonomic_quantities
+            from .._field.nonholonomic import nonholonomic_quantities
 
             n_int = self.integral_values(x).shape[0]
             return nonholonomic_quantities(self, x)[-(n_int + 1) :]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._pieces import evaluate_on_pieces
+from ..internal.pieces import evaluate_on_pieces
 
 
 class AbstractPoissonStructure(eqx.Module):
@@ -40,7 +40,7 @@ class AbstractPoissonStructure(eqx.Module):
         """`fn(merge(z))`: a function of the flat state, evaluated at a state in pieces.
 
         Structures with several pieces evaluate it so that autodiff sees no
-        concatenate-then-slice round trip (see `geomjax._pieces`).
+        concatenate-then-slice round trip (see `geomjax.internal.pieces`).
         """
         return fn(self.merge(z))
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._field import AbstractField, SystemField, as_field, tree_axpy
-from ._step import FieldStep, ok_status
+from .._field.base import AbstractField, SystemField, as_field, tree_axpy
+from .base import FieldStep, ok_status
 
 
 class ButcherTableau(eqx.Module):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._linalg import _UNROLL_MAX, small_solve
+from .linalg import _UNROLL_MAX, small_solve
 
 
 class NewtonResult(eqx.Module):
@@ -69,7 +69,7 @@ class Newton(eqx.Module):
 
     ```python
     >>> import jax.numpy as jnp
-    >>> from geomjax._newton import Newton
+    >>> from geomjax._solve.newton import Newton
     >>> res = Newton(rtol=1e-14, atol=1e-14).solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
     >>> print(f"{float(res.value[0]):.12f}", bool(res.converged))
     1.414213562373 True

@@ -19,11 +19,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._newton import Newton, as_newton
-from ._linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
-from ._step import SystemStep, newton_status
-from ._structures import CanonicalStructure
-from ._system import System
+from .._solve.newton import Newton, as_newton
+from .._solve.linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
+from .base import SystemStep, newton_status
+from .._system.structures import CanonicalStructure
+from .._system.system import System
 
 
 class DiscreteLagrangeDAlembert(SystemStep):
@@ -37,7 +37,7 @@ class DiscreteLagrangeDAlembert(SystemStep):
     newton: Newton = Newton()
 
     def check(self, x0) -> None:
-        from ._nonholonomic import _check_matrix_at
+        from .._field.nonholonomic import _check_matrix_at
 
         _check_matrix_at(self.system, x0)
 

@@ -4,12 +4,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._newton import Newton, as_newton
-from ._rattle import _Mechanics
-from ._splitting import _same_layout
-from ._status import where_first
-from ._step import AbstractStep, newton_status
-from ._system import System
+from .._solve.newton import Newton, as_newton
+from .rattle import _Mechanics
+from .splitting import _same_layout
+from .._status import where_first
+from .base import AbstractStep, newton_status
+from .._system.system import System
 
 
 class Projected(AbstractStep):

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from ._runge_kutta import EULER, HEUN, KUTTA3, MIDPOINT, RK4, explicit_rk
+from .runge_kutta import EULER, HEUN, KUTTA3, MIDPOINT, RK4, explicit_rk
 
 # name -> (builder field ↦ step, classical order)
 _METHODS: dict[str, tuple[Callable, int]] = {

@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
-from ._monitored import START_TOL, check_on_constraint_set
-from ._field import SystemField
-from ._pieces import evaluate_on_pieces
-from ._sparse_ad import (
+from .feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
+from .._monitored import START_TOL, check_on_constraint_set
+from .base import SystemField
+from ..internal.pieces import evaluate_on_pieces
+from ..internal.sparse_ad import (
     dependencies,
     directional,
     inverse,
@@ -56,9 +56,9 @@ from ._sparse_ad import (
     sparse_partials,
     structural_zeros,
 )
-from ._structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
-from ._system import System
-from ._validate import as_state, is_concrete, require_invertible
+from .._system.structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
+from .._system.system import System
+from .._validate import as_state, is_concrete, require_invertible
 
 # --------------------------------------------------------------------------------------
 # Which piece is the momentum

@@ -6,8 +6,8 @@ from typing import ClassVar
 import diffrax
 import jax.numpy as jnp
 
-from ._status import RESULTS
-from ._step import AbstractStep, FunctionStep
+from .._status import RESULTS
+from .._step.base import AbstractStep, FunctionStep
 
 
 class StepSolver(diffrax.AbstractSolver):

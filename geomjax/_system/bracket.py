@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import jax
 
-from ._structures import AbstractPoissonStructure
+from .structures import AbstractPoissonStructure
 
 
 def gradient_pieces(fn: Callable, structure: AbstractPoissonStructure, z):

@@ -7,9 +7,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._monitored import AbstractMonitored
-from ._validate import _TRACE_ERRORS, untraceable_message
-from .internal.simplify import scalar_graph
+from .._monitored import AbstractMonitored
+from .._validate import _TRACE_ERRORS, untraceable_message
+from ..internal.simplify import scalar_graph
 
 
 class AbstractField(AbstractMonitored):

@@ -3,10 +3,10 @@
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._derived import constraint_data, dirac_vector
-from ._field import SystemField
-from ._system import System
-from ._validate import require_invertible
+from .derived import constraint_data, dirac_vector
+from .base import SystemField
+from .._system.system import System
+from .._validate import require_invertible
 
 
 @eqx.filter_jit

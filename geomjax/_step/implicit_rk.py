@@ -22,10 +22,10 @@ import jax.numpy as jnp
 
 from jax.flatten_util import ravel_pytree
 
-from ._field import AbstractField, as_field
-from ._methods import register_method
-from ._newton import Newton, as_newton
-from ._step import FieldStep, newton_status
+from .._field.base import AbstractField, as_field
+from .methods import register_method
+from .._solve.newton import Newton, as_newton
+from .base import FieldStep, newton_status
 
 
 class ImplicitTableau(eqx.Module):

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._derived import constraint_data, dirac_vector, stacked_combination
-from ._dirac import check_constraint_matrix
-from ._field import SystemField
-from ._system import System
-from ._monitored import START_TOL, check_on_constraint_set
-from ._validate import as_state, is_concrete
+from .derived import constraint_data, dirac_vector, stacked_combination
+from .dirac import check_constraint_matrix
+from .base import SystemField
+from .._system.system import System
+from .._monitored import START_TOL, check_on_constraint_set
+from .._validate import as_state, is_concrete
 
 
 def _gain_array(gains, m: int):
@@ -303,7 +303,7 @@ def feedback_field(
         raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
     if system.nonholonomic is not None:
         # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
-        from ._nonholonomic import nonholonomic_feedback_field
+        from .nonholonomic import nonholonomic_feedback_field
 
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
     if gains is None:

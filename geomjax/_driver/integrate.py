@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._field import AbstractField, TimeField, as_field
-from ._methods import build_step
-from ._monitored import DRIFT_TOL, START_TOL, AbstractMonitored, check_on_constraint_set
-from ._solution import IntegrationError, Solution
-from ._status import RESULTS, from_code
-from ._step import AbstractStep, FunctionStep
-from ._validate import as_state, check_positive_step, is_concrete
+from .._field.base import AbstractField, TimeField, as_field
+from .._step.methods import build_step
+from .._monitored import DRIFT_TOL, START_TOL, AbstractMonitored, check_on_constraint_set
+from .solution import IntegrationError, Solution
+from .._status import RESULTS, from_code
+from .._step.base import AbstractStep, FunctionStep
+from .._validate import as_state, check_positive_step, is_concrete
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
 # that Ctrl-C and progress bars act between chunks.

@@ -20,8 +20,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._status import where_first
-from ._step import AbstractStep, FunctionStep, ok_status
+from .._status import where_first
+from .base import AbstractStep, FunctionStep, ok_status
 
 
 def _as_step(step) -> AbstractStep:

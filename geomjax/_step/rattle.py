@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._linalg import small_solve
-from ._newton import Newton, as_newton
-from ._step import SystemStep, newton_status
-from ._system import System
-from ._validate import as_state
+from .._solve.linalg import small_solve
+from .._solve.newton import Newton, as_newton
+from .base import SystemStep, newton_status
+from .._system.system import System
+from .._validate import as_state
 
 
 class _Mechanics(eqx.Module):

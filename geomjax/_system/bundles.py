@@ -21,7 +21,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._structures import AbstractPoissonStructure
+from .structures import AbstractPoissonStructure
 
 
 def _row_cross(rows, w):

@@ -1,0 +1,1 @@
+"""The integration driver: the compiled loop, its solution and the diffrax adapters."""

@@ -1,0 +1,1 @@
+"""Vector fields derived from systems: Hamiltonian, Dirac, feedback, nonholonomic."""

@@ -1,0 +1,1 @@
+"""Nonlinear and small linear solves used inside steps."""

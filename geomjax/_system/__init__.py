@@ -1,0 +1,1 @@
+"""Systems: Poisson structures and the system types built from user functions."""
