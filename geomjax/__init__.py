@@ -32,7 +32,13 @@ from ._system.structures import (
     lie_poisson_se2 as lie_poisson_se2,
     lie_poisson_so3 as lie_poisson_so3,
 )
-from ._system.system import System as System
+from ._system.system import (
+    ConstrainedSystem as ConstrainedSystem,
+    HamiltonianSystem as HamiltonianSystem,
+    HolonomicSystem as HolonomicSystem,
+    NonholonomicSystem as NonholonomicSystem,
+    System as System,
+)
 from ._system.bundles import left_trivialised_se2 as left_trivialised_se2, left_trivialised_so3 as left_trivialised_so3
 from ._field.nonholonomic import (
     NonholonomicFeedbackField as NonholonomicFeedbackField,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from .derived import constraint_data, dirac_vector
 from .base import SystemField
-from .._system.system import System
+from .._system.system import NonholonomicSystem, System
 from .._validate import require_invertible
 
 
@@ -70,7 +70,7 @@ def dirac_field(system: System) -> DiracField:
     """
     if not isinstance(system, System):
         raise TypeError(f"dirac_field needs a geomjax.System, got {type(system).__name__}")
-    if getattr(system, "nonholonomic", None) is not None:
+    if isinstance(system, NonholonomicSystem):
         raise ValueError("this System has nonholonomic constraints: use geomjax.nonholonomic_field(system)")
     return DiracField(system)
 

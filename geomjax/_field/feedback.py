@@ -11,7 +11,7 @@ import numpy as np
 from .derived import constraint_data, dirac_vector, stacked_combination
 from .dirac import check_constraint_matrix
 from .base import SystemField
-from .._system.system import System
+from .._system.system import NonholonomicSystem, System
 from .._monitored import START_TOL, check_on_constraint_set
 from .._validate import as_state, is_concrete
 
@@ -301,7 +301,7 @@ def feedback_field(
     """
     if not isinstance(system, System):
         raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
-    if system.nonholonomic is not None:
+    if isinstance(system, NonholonomicSystem):
         # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
         from .nonholonomic import nonholonomic_feedback_field
 

@@ -23,7 +23,7 @@ from .._solve.newton import Newton, as_newton
 from .._solve.linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
 from .base import SystemStep, newton_status
 from .._system.structures import CanonicalStructure
-from .._system.system import System
+from .._system.system import NonholonomicSystem, System
 
 
 class DiscreteLagrangeDAlembert(SystemStep):
@@ -113,7 +113,7 @@ def dla(
     """
     if not isinstance(system, System):
         raise TypeError(f"dla needs a geomjax.System, got {type(system).__name__}")
-    if system.nonholonomic is None:
+    if not isinstance(system, NonholonomicSystem):
         raise ValueError("dla needs a System with nonholonomic=omega")
     if not isinstance(system.structure, CanonicalStructure):
         raise ValueError(

@@ -9,7 +9,7 @@ from .rattle import _Mechanics
 from .splitting import _same_layout
 from .._status import where_first
 from .base import AbstractStep, newton_status
-from .._system.system import System
+from .._system.system import ConstrainedSystem, HolonomicSystem, System
 
 
 class Projected(AbstractStep):
@@ -83,7 +83,7 @@ class Projected(AbstractStep):
         converted = s.split(self.step.merge(z1))
         own_layout = _same_layout(z1, converted)
         w = z1 if own_layout else converted
-        if self.system.holonomic is not None:
+        if isinstance(self.system, HolonomicSystem):
             w, ok = self._project_holonomic(*w)
         else:
             w, ok = self._project_general(w)
@@ -142,10 +142,10 @@ def project(
         raise TypeError(f"project needs a geomjax step, got {type(step).__name__}")
     if not isinstance(system, System):
         raise TypeError(f"project needs a geomjax.System, got {type(system).__name__}")
-    if system.holonomic is not None:
+    if isinstance(system, HolonomicSystem):
         if level is not None:
             raise ValueError("level is only for constraints=f systems; holonomic systems project onto g = 0")
-    elif system.constraints is not None:
+    elif isinstance(system, ConstrainedSystem):
         if level is None:
             raise ValueError(
                 "project needs level= for a System with constraints=f: the values of f on the "

@@ -19,7 +19,7 @@ import numpy as np
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .base import SystemStep, newton_status
-from .._system.system import System
+from .._system.system import HolonomicSystem, System
 from .._validate import as_state
 
 
@@ -170,7 +170,7 @@ def _rattle_newton(newton, rtol, atol, max_iter, separable=True):
 def _require_holonomic(system, name):
     if not isinstance(system, System):
         raise TypeError(f"{name} needs a geomjax.System, got {type(system).__name__}")
-    if system.holonomic is None:
+    if not isinstance(system, HolonomicSystem):
         raise ValueError(
             f"{name} needs position constraints: build the System with holonomic=g(q) "
             "(e.g. geomjax.models.spherical_pendulum(holonomic=True)); a general "

@@ -60,6 +60,9 @@ class LeftTrivialisedSO3(AbstractPoissonStructure):
         tau = jnp.stack([a[2, 1] - a[1, 2], a[0, 2] - a[2, 0], a[1, 0] - a[0, 1]])
         return (_row_cross(r, g_pi), _cross(pi, g_pi) - tau)
 
+    def embedding_residual(self, x):
+        return jnp.ravel(self.embedding_defect(self.split(x)[0]))
+
     def embedding_defect(self, r):
         """RᵀR − I (shape (3, 3)); zero exactly on SO(3)."""
         return r.T @ r - np.eye(3)
@@ -104,6 +107,9 @@ class LeftTrivialisedSE2(AbstractPoissonStructure):
             mu_dot = jnp.concatenate([jnp.stack(mu_dot), -g_g[4:]])
             return (g_dot, mu_dot)
         return (jnp.stack(g_dot), jnp.stack(mu_dot))
+
+    def embedding_residual(self, x):
+        return jnp.ravel(self.embedding_defect(self.split(x)[0]))
 
     def embedding_defect(self, g):
         """cos² + sin² − 1 (shape (1,)); zero exactly on SE(2)."""

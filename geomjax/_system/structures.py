@@ -23,6 +23,10 @@ class AbstractPoissonStructure(eqx.Module):
     """
 
     dim: eqx.AbstractVar[int]
+    #: Which pieces are momenta (for nonholonomic constraints on the velocity ∂H/∂m):
+    #: "pair" for pieces (configuration, momentum), "momentum" when the whole state is a
+    #: momentum (Lie–Poisson spaces), None when the structure does not say.
+    nonholonomic_layout = None
 
     @abc.abstractmethod
     def split(self, x):
@@ -44,6 +48,11 @@ class AbstractPoissonStructure(eqx.Module):
         """
         return fn(self.merge(z))
 
+    def embedding_residual(self, x):
+        """How far the flat state `x` is off the embedded group (flattened; empty for
+        structures that embed nothing). Zero exactly on the group."""
+        return jnp.zeros((0,), jnp.asarray(x).dtype)
+
     def matrix(self, x):
         """The dense matrix B(x), shape `(dim, dim)` (for checks and small problems)."""
         z = self.split(x)
@@ -59,6 +68,8 @@ class CanonicalStructure(AbstractPoissonStructure):
     {F, G} = ∂F/∂q·∂G/∂p − ∂F/∂p·∂G/∂q. B is applied as the permutation
     (a, b) ↦ (b, −a), never as a matrix product.
     """
+
+    nonholonomic_layout = "pair"
 
     n: int = eqx.field(static=True)
 
@@ -123,6 +134,8 @@ class LiePoissonSO3(AbstractPoissonStructure):
     {F, G}(Π) = −Π·(∇F × ∇G).
     """
 
+    nonholonomic_layout = "momentum"
+
     @property
     def dim(self):
         return 3
@@ -162,6 +175,8 @@ class LiePoissonSE2(AbstractPoissonStructure):
     {μ_θ, μ_x} = −μ_y, {μ_θ, μ_y} = μ_x, {μ_x, μ_y} = 0, so
     B(μ) = [[0, −μ_y, μ_x], [μ_y, 0, 0], [−μ_x, 0, 0]].
     """
+
+    nonholonomic_layout = "momentum"
 
     @property
     def dim(self):

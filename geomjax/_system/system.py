@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .structures import AbstractPoissonStructure, CanonicalStructure
+from .._solve.linalg import small_solve
 from .._validate import trace_user_function
 
 
@@ -65,7 +66,16 @@ def _check_user_functions(system) -> None:
             )
 
 
-class System(eqx.Module):
+class _ByKind(type(eqx.Module)):
+    """`System(...)` builds the typed system its arguments describe."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls is System:
+            return _build(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class System(eqx.Module, metaclass=_ByKind):
     """A Hamiltonian system with constraints and first integrals, given by JAX functions.
 
     The equations of motion are never written by hand: geomjax derives brackets,
@@ -95,59 +105,36 @@ class System(eqx.Module):
     `equinox.Module` callables. Array leaves of the functions are leaves of the `System`
     pytree, so systems can be `vmap`ped over and differentiated with respect to parameters.
 
+    `System(...)` returns one of the typed systems, all subclasses of `System`:
+    `HamiltonianSystem` (no constraints), `HolonomicSystem` (`holonomic=g`),
+    `ConstrainedSystem` (`constraints=f`) or `NonholonomicSystem` (`nonholonomic=ω`).
+    Fields and steps dispatch on these types.
+
     Example (seed 000's spherical pendulum):
 
     ```python
-    import geomjax, jax.numpy as jnp
+    >>> import geomjax, jax.numpy as jnp
+    >>> H = lambda x: 0.5 * x[3:] @ x[3:] + x[2]
+    >>> system = geomjax.System(
+    ...     H, geomjax.canonical(3),
+    ...     constraints=lambda x: jnp.stack([x[:3] @ x[:3], x[:3] @ x[3:]]),
+    ...     integrals=lambda x: x[0] * x[4] - x[1] * x[3],
+    ... )
+    >>> type(system).__name__, isinstance(system, geomjax.System)
+    ('ConstrainedSystem', True)
 
-    H = lambda x: 0.5 * x[3:] @ x[3:] + x[2]
-    system = geomjax.System(
-        H, geomjax.canonical(3),
-        constraints=lambda x: jnp.stack([x[:3] @ x[:3], x[:3] @ x[3:]]),
-        integrals=lambda x: x[0] * x[4] - x[1] * x[3],
-    )
     ```
     """
 
-    hamiltonian: Callable
-    structure: AbstractPoissonStructure
-    holonomic: Callable | None = None
-    constraints: Callable | None = None
-    integrals: tuple = ()
-    nonholonomic: Callable | None = None
+    hamiltonian: eqx.AbstractVar[Callable]
+    structure: eqx.AbstractVar[AbstractPoissonStructure]
+    integrals: eqx.AbstractVar[tuple]
 
-    def __init__(
-        self,
-        hamiltonian: Callable,
-        structure: AbstractPoissonStructure,
-        *,
-        holonomic: Callable | None = None,
-        constraints: Callable | None = None,
-        integrals: Callable | Sequence[Callable] | None = (),
-        nonholonomic: Callable | None = None,
-    ):
-        if not callable(hamiltonian):
-            raise TypeError("hamiltonian must be a callable x ↦ H(x)")
-        if not isinstance(structure, AbstractPoissonStructure):
-            raise TypeError(
-                "structure must be a geomjax Poisson structure (geomjax.canonical(n), "
-                f"geomjax.lie_poisson_so3(), ...), got {type(structure).__name__}"
-            )
-        if holonomic is not None and constraints is not None:
-            raise ValueError("give either holonomic=g(q) or constraints=f(x), not both")
-        if holonomic is not None and not isinstance(structure, CanonicalStructure):
-            raise ValueError("holonomic=g(q) needs the canonical structure geomjax.canonical(n)")
-        self.hamiltonian = hamiltonian
-        self.structure = structure
-        self.holonomic = holonomic
-        self.constraints = constraints
-        self.integrals = _as_tuple(integrals)
-        _check_user_functions(self)
-        if nonholonomic is not None:
-            from .._field.nonholonomic import check_nonholonomic_system
-
-            check_nonholonomic_system(self, nonholonomic)
-        self.nonholonomic = nonholonomic
+    # What the single System class of earlier versions exposed; each typed system
+    # overrides the one it has with a field.
+    holonomic = None
+    constraints = None
+    nonholonomic = None
 
     @property
     def dim(self) -> int | None:
@@ -156,27 +143,17 @@ class System(eqx.Module):
 
     @property
     def is_constrained(self) -> bool:
-        return self.holonomic is not None or self.constraints is not None
+        """True for systems with a second-class constraint set (holonomic or general)."""
+        return False
 
     def constraint_functions(self, x):
-        """The second-class constraint functions f(x) (shape `(2k,)`; empty if none).
-
-        For `holonomic=g` this is `(g(q), Dg(q)·∂H/∂p)`, the position constraints and the
-        hidden velocity constraints {g, H}, derived by autodiff.
-        """
-        if self.constraints is not None:
-            return jnp.atleast_1d(self.constraints(x))
-        if self.holonomic is not None:
-            q, p = self.structure.split(x)
-            dh_dp = jax.grad(lambda pp: self.hamiltonian(jnp.concatenate([q, pp])))(p)
-            g, g_dot = jax.jvp(lambda qq: jnp.atleast_1d(self.holonomic(qq)), (q,), (dh_dp,))
-            return jnp.concatenate([g, g_dot])
-        return jnp.zeros((0,), x.dtype)
+        """The second-class constraint functions f(x) (shape `(2k,)`; empty if none)."""
+        return jnp.zeros((0,), jnp.asarray(x).dtype)
 
     def integral_values(self, x):
         """The extra first integrals I(x), concatenated (shape `(ℓ,)`)."""
         if not self.integrals:
-            return jnp.zeros((0,), x.dtype)
+            return jnp.zeros((0,), jnp.asarray(x).dtype)
         return jnp.concatenate([jnp.atleast_1d(fn(x)) for fn in self.integrals])
 
     def conserved_quantities(self, x):
@@ -185,40 +162,179 @@ class System(eqx.Module):
             [self.constraint_functions(x), jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)]
         )
 
+    def _embedding_defect(self, x):
+        return self.structure.embedding_residual(x)
+
     def constraint_residuals(self, x):
-        """Residuals that vanish on the constraint set S (shape `(r,)`).
-
-        Holonomic g: (g(q), {g, H}); nonholonomic: the constraint momenta J; an embedded
-        group adds its embedding defect. A general second-class set `constraints=f` has no
-        fixed level (S is the level set through x0), so its values are monitored as
-        invariants instead.
-        """
-        x = jnp.asarray(x)
-        parts = []
-        if self.holonomic is not None:
-            parts.append(self.constraint_functions(x))
-        if self.nonholonomic is not None:
-            from .._field.nonholonomic import nonholonomic_quantities
-
-            quantities = nonholonomic_quantities(self, x)
-            k = quantities.shape[0] - 1 - self.integral_values(x).shape[0]
-            parts.append(quantities[:k])
-        defect = getattr(self.structure, "embedding_defect", None)
-        if defect is not None:
-            parts.append(jnp.ravel(defect(self.structure.split(x)[0])))
-        return jnp.concatenate(parts) if parts else jnp.zeros((0,), x.dtype)
+        """Residuals that vanish on the constraint set S (shape `(r,)`): the embedding
+        defect of an embedded group (RᵀR − I, cos² + sin² − 1), plus what the kind of
+        system adds (holonomic: g and {g, H}; nonholonomic: J)."""
+        return self._embedding_defect(jnp.asarray(x))
 
     def invariants(self, x):
-        """First integrals of the exact flow (shape `(i,)`): the levels of second-class
-        constraint functions, the energy (H, or H_ext for a nonholonomic system) and the
-        extra integrals."""
+        """First integrals of the exact flow (shape `(i,)`): H and the extra integrals
+        (second-class systems add the levels of f; nonholonomic ones use H_ext)."""
         x = jnp.asarray(x)
-        if self.nonholonomic is not None:
-            from .._field.nonholonomic import nonholonomic_quantities
-
-            n_int = self.integral_values(x).shape[0]
-            return nonholonomic_quantities(self, x)[-(n_int + 1) :]
-        if self.constraints is not None:
-            return self.conserved_quantities(x)
         return jnp.concatenate([jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)])
 
+
+class HamiltonianSystem(System):
+    """A Hamiltonian system without constraints: ẋ = B(x)∇H(x). Built by `System(H, B)`."""
+
+    hamiltonian: Callable
+    structure: AbstractPoissonStructure
+    integrals: tuple = ()
+
+
+class HolonomicSystem(System):
+    """Position constraints g(q) = 0 on T*Rⁿ; built by `System(H, canonical(n), holonomic=g)`.
+
+    The second-class set is f = (g, {g, H}) with the hidden velocity constraint
+    {g, H} = Dg(q)·∂H/∂p, derived by autodiff.
+    """
+
+    hamiltonian: Callable
+    structure: AbstractPoissonStructure
+    holonomic: Callable
+    integrals: tuple = ()
+
+    @property
+    def is_constrained(self) -> bool:
+        return True
+
+    def constraint_functions(self, x):
+        """f = (g(q), Dg(q)·∂H/∂p): the position constraints and their velocity constraints."""
+        q, p = self.structure.split(x)
+        dh_dp = jax.grad(lambda pp: self.hamiltonian(jnp.concatenate([q, pp])))(p)
+        g, g_dot = jax.jvp(lambda qq: jnp.atleast_1d(self.holonomic(qq)), (q,), (dh_dp,))
+        return jnp.concatenate([g, g_dot])
+
+    def constraint_residuals(self, x):
+        x = jnp.asarray(x)
+        return jnp.concatenate([self.constraint_functions(x), self._embedding_defect(x)])
+
+
+class ConstrainedSystem(System):
+    """A general second-class constraint set f(x); built by `System(H, B, constraints=f)`.
+
+    S is the level set of f through the initial state, so f's values are first integrals
+    (monitored relative to their initial values), not residuals with a fixed target.
+    """
+
+    hamiltonian: Callable
+    structure: AbstractPoissonStructure
+    constraints: Callable
+    integrals: tuple = ()
+
+    @property
+    def is_constrained(self) -> bool:
+        return True
+
+    def constraint_functions(self, x):
+        return jnp.atleast_1d(self.constraints(x))
+
+    def invariants(self, x):
+        return self.conserved_quantities(jnp.asarray(x))
+
+
+class NonholonomicSystem(System):
+    """Velocity constraints ω·v = 0 on v = ∂H/∂m (m the momentum pieces); built by
+    `System(H, B, nonholonomic=omega)`.
+
+    The quantities of seed 001's extension, by autodiff: the constraint momenta
+    J = ω ∂H/∂m, C_ab = ⟨∂J_a/∂m, ω_b⟩ and the extended Hamiltonian H_ext = H − ½JᵀC⁻¹J
+    (equal to H on J = 0). `geomjax.nonholonomic_field` derives the extended field.
+    """
+
+    hamiltonian: Callable
+    structure: AbstractPoissonStructure
+    nonholonomic: Callable
+    integrals: tuple = ()
+
+    def _momentum_parts(self, x):
+        """(energy as a function of the momentum m, m, the (k, d) one-forms ω)."""
+        x = jnp.asarray(x)
+        s = self.structure
+        if s.nonholonomic_layout == "pair":
+            config, m = s.split(x)
+            energy = lambda mm: self.hamiltonian(s.merge((config, mm)))  # noqa: E731
+            forms = self.nonholonomic(config)
+        else:
+            m = x
+            energy = self.hamiltonian
+            forms = self.nonholonomic(x)
+        forms = jnp.atleast_2d(jnp.asarray(forms))
+        return energy, m, forms
+
+    def constraint_momenta(self, x):
+        """J(x) = ω ∂H/∂m, shape (k,); the constraint set is J = 0."""
+        energy, m, forms = self._momentum_parts(x)
+        return forms @ jax.grad(energy)(m)
+
+    def constraint_matrix(self, x):
+        """C_ab = ⟨∂J_a/∂m, ω_b⟩ (= ω M⁻¹ ωᵀ for H = ½mᵀM⁻¹m + U), shape (k, k)."""
+        energy, m, forms = self._momentum_parts(x)
+        momenta = lambda mm: forms @ jax.grad(energy)(mm)  # noqa: E731
+        return jax.vmap(lambda w: jax.jvp(momenta, (m,), (w,))[1], out_axes=1)(forms)
+
+    def extended_hamiltonian(self, x):
+        """H_ext = H − ½ JᵀC⁻¹J."""
+        j = self.constraint_momenta(x)
+        return self.hamiltonian(jnp.asarray(x)) - 0.5 * j @ small_solve(self.constraint_matrix(x), j)
+
+    def constraint_residuals(self, x):
+        x = jnp.asarray(x)
+        return jnp.concatenate([self.constraint_momenta(x), self._embedding_defect(x)])
+
+    def invariants(self, x):
+        x = jnp.asarray(x)
+        return jnp.concatenate([jnp.atleast_1d(self.extended_hamiltonian(x)), self.integral_values(x)])
+
+
+def _check_nonholonomic(structure, omega, holonomic, constraints) -> None:
+    if not callable(omega):
+        raise TypeError("nonholonomic must be a callable returning the (k, d) constraint one-forms ω")
+    if holonomic is not None or constraints is not None:
+        raise ValueError("nonholonomic constraints cannot be combined with holonomic= or constraints= in one System")
+    if structure.nonholonomic_layout is None:
+        raise ValueError(
+            f"nonholonomic constraints need to know which coordinates are momenta; the structure "
+            f"{type(structure).__name__} does not say. Use geomjax.canonical(n), "
+            "geomjax.lie_poisson_so3(), geomjax.lie_poisson_se2(), geomjax.left_trivialised_so3() "
+            "or geomjax.left_trivialised_se2(), or give your structure a class attribute "
+            "nonholonomic_layout = 'pair' with pieces (configuration, momentum)"
+        )
+
+
+def _build(
+    hamiltonian: Callable,
+    structure: AbstractPoissonStructure,
+    *,
+    holonomic: Callable | None = None,
+    constraints: Callable | None = None,
+    integrals: Callable | Sequence[Callable] | None = (),
+    nonholonomic: Callable | None = None,
+) -> System:
+    if not callable(hamiltonian):
+        raise TypeError("hamiltonian must be a callable x ↦ H(x)")
+    if not isinstance(structure, AbstractPoissonStructure):
+        raise TypeError(
+            "structure must be a geomjax Poisson structure (geomjax.canonical(n), "
+            f"geomjax.lie_poisson_so3(), ...), got {type(structure).__name__}"
+        )
+    if holonomic is not None and constraints is not None:
+        raise ValueError("give either holonomic=g(q) or constraints=f(x), not both")
+    if holonomic is not None and not isinstance(structure, CanonicalStructure):
+        raise ValueError("holonomic=g(q) needs the canonical structure geomjax.canonical(n)")
+    integrals = _as_tuple(integrals)
+    if nonholonomic is not None:
+        _check_nonholonomic(structure, nonholonomic, holonomic, constraints)
+        system = NonholonomicSystem(hamiltonian, structure, nonholonomic, integrals)
+    elif holonomic is not None:
+        system = HolonomicSystem(hamiltonian, structure, holonomic, integrals)
+    elif constraints is not None:
+        system = ConstrainedSystem(hamiltonian, structure, constraints, integrals)
+    else:
+        system = HamiltonianSystem(hamiltonian, structure, integrals)
+    _check_user_functions(system)
+    return system

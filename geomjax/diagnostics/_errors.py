@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from .._system.system import System
+from .._system.system import HolonomicSystem, System
 
 
 def _states(xs):
@@ -68,7 +68,7 @@ def constraint_errors(system: System, xs):
     """
     xs = _states(xs)
     values = jax.vmap(system.constraint_functions)(xs)
-    if system.holonomic is not None:
+    if isinstance(system, HolonomicSystem):
         return jnp.abs(values)
     return jnp.abs(values - values[0][None, :])
 
