@@ -77,16 +77,20 @@ def _check_returns_state(fn, x, what: str, call: str, hint: str):
         raise ValueError(f"{what} must return an array shaped like the state {tuple(x.shape)}, got {shape}")
 
 
-class FunctionField(AbstractField):
-    """A plain callable `x ↦ ẋ` on flat states (autonomous), as a field."""
-
-    fn: Callable
+class _FlatField(AbstractField):
+    """A field of a plain function on flat states: split and merge are identities."""
 
     def split(self, x):
         return x
 
     def merge(self, z):
         return z
+
+
+class FunctionField(_FlatField):
+    """A plain callable `x ↦ ẋ` on flat states (autonomous), as a field."""
+
+    fn: Callable
 
     def rhs(self, t, z, args):
         del t, args
@@ -104,7 +108,7 @@ class FunctionField(AbstractField):
         )
 
 
-class TimeField(AbstractField):
+class TimeField(_FlatField):
     """A time-dependent field `f(t, x, args) ↦ ẋ` (diffrax's convention) on flat states.
 
     `args` is what `geomjax.integrate(..., args=...)` passes (forcing parameters, controls).
@@ -123,12 +127,6 @@ class TimeField(AbstractField):
     """
 
     fn: Callable
-
-    def split(self, x):
-        return x
-
-    def merge(self, z):
-        return z
 
     def rhs(self, t, z, args):
         return self.fn(t, z, args)

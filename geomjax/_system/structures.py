@@ -127,7 +127,17 @@ def _cross(a, b):
     )
 
 
-class LiePoissonSO3(AbstractPoissonStructure):
+class _FlatStructure(AbstractPoissonStructure):
+    """A structure whose state is carried whole (one piece): split and merge are identities."""
+
+    def split(self, x):
+        return x
+
+    def merge(self, z):
+        return z
+
+
+class LiePoissonSO3(_FlatStructure):
     """Lie–Poisson structure on so(3)* ≅ R³ (body angular momentum Π).
 
     B(Π)v = Π × v, so Π̇ = Π × ∇H (Euler's equations for H = ½Π·I⁻¹Π) and
@@ -139,12 +149,6 @@ class LiePoissonSO3(AbstractPoissonStructure):
     @property
     def dim(self):
         return 3
-
-    def split(self, x):
-        return x
-
-    def merge(self, z):
-        return z
 
     def apply(self, z, grad):
         return _cross(z, grad)
@@ -168,7 +172,7 @@ def lie_poisson_so3() -> LiePoissonSO3:
     return LiePoissonSO3()
 
 
-class LiePoissonSE2(AbstractPoissonStructure):
+class LiePoissonSE2(_FlatStructure):
     """Lie–Poisson structure on se(2)* with coordinates μ = (μ_θ, μ_x, μ_y).
 
     With the bracket [(ω, v), (ω', v')] = (0, ω Jv' − ω' Jv), J the rotation by π/2:
@@ -181,12 +185,6 @@ class LiePoissonSE2(AbstractPoissonStructure):
     @property
     def dim(self):
         return 3
-
-    def split(self, x):
-        return x
-
-    def merge(self, z):
-        return z
 
     def apply(self, z, grad):
         mx, my = z[1], z[2]
@@ -217,7 +215,7 @@ def lie_poisson_se2() -> LiePoissonSE2:
     return LiePoissonSE2()
 
 
-class PoissonStructure(AbstractPoissonStructure):
+class PoissonStructure(_FlatStructure):
     """A user-supplied Poisson tensor x ↦ B(x) on R^dim, applied as a dense product.
 
     **Arguments:**
@@ -236,12 +234,6 @@ class PoissonStructure(AbstractPoissonStructure):
 
     tensor: Callable
     dim: int | None = eqx.field(static=True, default=None)
-
-    def split(self, x):
-        return x
-
-    def merge(self, z):
-        return z
 
     def apply(self, z, grad):
         return self.tensor(z) @ grad
