@@ -256,10 +256,13 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
             else:
                 constant_status[0] = False
                 ok_next = ok & (jnp.asarray(result._value) == _OK)
-            return (z_next, i + 1, mark + _finite_mark(z_next), ok_next), None
+            # The mark of the state the step starts from (read with the step's own
+            # inputs, so XLA computes it beside them); the block's end state after the loop.
+            return (z_next, i + 1, mark + _finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros((), dt.dtype), jnp.ones((), bool))
         (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block)
+        mark = mark + _finite_mark(z_end)
         failed_before = record[_STATUS] != _OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
         # After an earlier failure the state stays where it was and only the count moves.
@@ -280,7 +283,13 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
 def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
     """`(z, record) ↦ (z, record)` over one save block: the fast loop for the values, the
     exact per-step loop for derivatives (a `custom_jvp`: reverse mode transposes the
-    exact loop's JVP, so a failed block differentiates as the frozen, shorter run)."""
+    exact loop's JVP, so a failed block differentiates as the frozen, shorter run).
+
+    Blocks of one or two steps run the exact loop alone: there the fast loop's block-level
+    check costs more than the per-step bookkeeping it saves (measured, `save_every=1`).
+    """
+    if block <= 2:
+        return _exact_steps(step, dt, t0, args, block, checkpoint)
     leaves, treedef = jax.tree_util.tree_flatten((step, dt, t0, args))
     is_dyn = [eqx.is_array(leaf) for leaf in leaves]
     dyn = [leaf for leaf, d in zip(leaves, is_dyn) if d]
