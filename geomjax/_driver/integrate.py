@@ -10,6 +10,10 @@ What a run guarantees (under `jit` and `vmap` too):
 - after the first failure the state stops advancing (so losses on earlier states have
   the gradients of the shorter run), and later saves are NaN, so gradients of losses on
   them are NaN: a failed run is never silently finite.
+
+The per-step loop carries only the state and a finiteness mark; a save block that failed
+is recomputed step by step by the checked loop (`_exact_steps`), which also defines the
+derivatives (`_block_map`).
 """
 
 import operator
@@ -237,15 +241,15 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
 
     The loop carries the state, a running `0·Σx` (NaN from the first non-finite state of
     the block on, whatever later steps do) and, for steps whose status is not a constant,
-    an "all steps succeeded" flag. Only when the block failed (or the run had failed
-    before it) is it recomputed by `exact` from its start, step by step, which finds the
-    first failing step and the last good state: in a `while_loop` that runs at most once,
-    so that under `vmap` it runs only when some member failed.
+    an "all steps succeeded" flag (a constant status, as of explicit steps, adds nothing).
+    Only when the block failed is it recomputed by `exact` from its start, step by step,
+    which finds the first failing step and the last good state: in a `while_loop` that
+    runs at most once, so that under `vmap` it runs only when some member failed. After an
+    earlier failure the block keeps the frozen state and only counts its steps.
     """
 
     def run(z, record):
         k0 = record[_STEPS]
-        constant_status = [True]
 
         def body(c, _):
             z, i, mark, ok = c
@@ -254,7 +258,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
             if is_concrete(result._value):
                 ok_next = ok if int(np.asarray(result._value)) == _OK else jnp.zeros((), bool)
             else:
-                constant_status[0] = False
                 ok_next = ok & (jnp.asarray(result._value) == _OK)
             # The mark of the state the step starts from (read with the step's own
             # inputs, so XLA computes it beside them); the block's end state after the loop.
