@@ -10,6 +10,10 @@ What a run guarantees (under `jit` and `vmap` too):
 - after the first failure the state stops advancing (so losses on earlier states have
   the gradients of the shorter run), and later saves are NaN, so gradients of losses on
   them are NaN: a failed run is never silently finite.
+
+The per-step loop carries only the state and a finiteness mark; a save block that failed
+is recomputed step by step by the checked loop (`_exact_steps`), which also defines the
+derivatives (`_block_map`).
 """
 
 import operator
@@ -172,10 +176,11 @@ def _select(ok, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
 
 
-def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_blocks: int, block: int, checkpoint: bool):
-    """Run `n_blocks × block` steps; save the flat state after every block.
+def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
+    """`(z, record) ↦ (z, record)` after `block` steps, every step checked and recorded.
 
-    `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
+    `record = (steps taken, first failed step or −1, status)`. This is the reference
+    semantics of the loop (and what reverse- and forward-mode derivatives go through).
     """
 
     def advance(t, z):
@@ -207,9 +212,121 @@ def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_b
         # and the next steps are evaluated at a finite state (finite, zero derivatives).
         return (_select(running & (code == _OK), z_next, z), record), None
 
+    def run(z, record):
+        (z, record), _ = lax.scan(one_step, (z, record), None, length=block)
+        return z, record
+
+    return run
+
+
+def _finite_mark(z):
+    """0.0 if every entry of `z` is finite, else NaN (0·x is 0 for finite x, NaN for
+    ±inf and NaN); small pieces are summed as written-out scalars, which XLA fuses into
+    the step."""
+    total = None
+    for leaf in jax.tree_util.tree_leaves(z):
+        flat = leaf.reshape(-1)
+        if flat.shape[0] <= 8:
+            part = flat[0]
+            for i in range(1, flat.shape[0]):
+                part = part + flat[i]
+        else:
+            part = jnp.sum(flat)
+        total = part if total is None else total + part
+    return 0.0 * total
+
+
+def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
+    """The same map as `exact`, computed with the bookkeeping out of the per-step loop.
+
+    The loop carries the state, a running `0·Σx` (NaN from the first non-finite state of
+    the block on, whatever later steps do) and, for steps whose status is not a constant,
+    an "all steps succeeded" flag (a constant status, as of explicit steps, adds nothing).
+    Only when the block failed is it recomputed by `exact` from its start, step by step,
+    which finds the first failing step and the last good state: in a `while_loop` that
+    runs at most once, so that under `vmap` it runs only when some member failed. After an
+    earlier failure the block keeps the frozen state and only counts its steps.
+    """
+
+    def run(z, record):
+        k0 = record[_STEPS]
+
+        def body(c, _):
+            z, i, mark, ok = c
+            t = t0 + (k0 + i).astype(dt.dtype) * dt
+            z_next, result = step.advance(t, z, dt, args)
+            if is_concrete(result._value):
+                ok_next = ok if int(np.asarray(result._value)) == _OK else jnp.zeros((), bool)
+            else:
+                ok_next = ok & (jnp.asarray(result._value) == _OK)
+            # The mark of the state the step starts from (read with the step's own
+            # inputs, so XLA computes it beside them); the block's end state after the loop.
+            return (z_next, i + 1, mark + _finite_mark(z), ok_next), None
+
+        init = (z, jnp.zeros((), k0.dtype), jnp.zeros((), dt.dtype), jnp.ones((), bool))
+        (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block)
+        mark = mark + _finite_mark(z_end)
+        failed_before = record[_STATUS] != _OK
+        failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
+        # After an earlier failure the state stays where it was and only the count moves.
+        z_end = _select(failed_before, z, z_end)
+        record_end = record.at[_STEPS].add(block)
+
+        def again(c):
+            # From the carry, not from the closure: XLA would hoist a loop-invariant
+            # recomputation out of the loop (under vmap, run it for every block).
+            return (jnp.zeros((), bool), *exact(c[1], c[2]))
+
+        _, z_exact, record_exact = lax.while_loop(lambda c: c[0], again, (failed, z, record))
+        return _select(failed, z_exact, z_end), jnp.where(failed, record_exact, record_end)
+
+    return run
+
+
+def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
+    """`(z, record) ↦ (z, record)` over one save block: the fast loop for the values, the
+    exact per-step loop for derivatives (a `custom_jvp`: reverse mode transposes the
+    exact loop's JVP, so a failed block differentiates as the frozen, shorter run).
+
+    Blocks of one or two steps run the exact loop alone: there the fast loop's block-level
+    check costs more than the per-step bookkeeping it saves (measured, `save_every=1`).
+    """
+    if block <= 2:
+        return _exact_steps(step, dt, t0, args, block, checkpoint)
+    leaves, treedef = jax.tree_util.tree_flatten((step, dt, t0, args))
+    is_dyn = [eqx.is_array(leaf) for leaf in leaves]
+    dyn = [leaf for leaf, d in zip(leaves, is_dyn) if d]
+
+    def rebuild(dyn):
+        it = iter(dyn)
+        return jax.tree_util.tree_unflatten(treedef, [next(it) if d else leaf for leaf, d in zip(leaves, is_dyn)])
+
+    def exact_of(dyn):
+        s, h, t, a = rebuild(dyn)
+        return _exact_steps(s, h, t, a, block, checkpoint)
+
+    @jax.custom_jvp
+    def run(dyn, z, record):
+        s, h, t, a = rebuild(dyn)
+        exact = _exact_steps(s, h, t, a, block, False)
+        return _fast_steps(s, h, t, a, block, exact)(z, record)
+
+    @run.defjvp
+    def run_jvp(primals, tangents):
+        return jax.jvp(lambda d, z, r: exact_of(d)(z, r), primals, tangents)
+
+    return lambda z, record: run(dyn, z, record)
+
+
+def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: _Monitor, n_blocks: int, block: int, checkpoint: bool):
+    """Run `n_blocks × block` steps; save the flat state after every block.
+
+    `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
+    """
+    block_map = _block_map(step, dt, t0, args, block, checkpoint)
+
     def run_block(c):
-        c, _ = lax.scan(one_step, c, None, length=block)
-        return c
+        return block_map(*c)
 
     if checkpoint and n_blocks > 1:
         # Memory: the carries of one block at a time, plus one per block.
