@@ -6,6 +6,17 @@ unit cotangents), the Hamiltonian fields X_{f_i} = B∇f_i (the structure applie
 `vmap`) and the matrix C_ij = {f_i, f_j} = ⟨∇f_i, X_{f_j}⟩, one contraction. Nothing is
 unrolled per constraint, so the size of the traced program, and the compile time, do not
 grow with the number of constraints.
+
+Many constraints with a sparse C (`constraint_data` for m > 4): the dependency structure
+of f on the state entries is read off the jaxpr at trace time
+(`geomjax.internal.sparsity.jacobian_pattern`, structural and sound), and with the
+pattern of the structure B it gives the pattern of C = Df B Dfᵀ. When C has the block form
+[[0, A], [−Aᵀ, D]] (for holonomic f = (g, ġ) on T*Rⁿ, {g_i, g_j} = 0 and A = G ∂²H/∂p² Gᵀ)
+and A is tridiagonal (the chain's links), nothing m × n or m × m is formed: the needed
+columns of C come from a few products Df·B·Dfᵀ·s with coloured seeds s (columns that share
+no row are evaluated together), h = {H, f} from one Jacobian-vector product, the
+multipliers from two tridiagonal solves with A (LAPACK gtsv, partial pivoting), and
+Σ c_j X_{f_j} from one pullback. Otherwise C is formed densely as below.
 """
 
 import equinox as eqx
@@ -13,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._solve.linalg import small_solve
+from .._solve.linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 from .._system.system import System
+from ..internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
 
 
 def stacked_dot(a, b):
@@ -26,8 +38,16 @@ def stacked_dot(a, b):
     return sum(leaves[1:], leaves[0])
 
 
+class LinearStack(eqx.Module):
+    """Stacked pieces s_j never formed: `combine(c)` = Σ_j c_j s_j, a linear map."""
+
+    combine: object = eqx.field(static=True)
+
+
 def stacked_combination(coefficients, stacked):
-    """Σ_j c_j s_j for pieces `stacked` with a leading axis j."""
+    """Σ_j c_j s_j for pieces `stacked` with a leading axis j (or a `LinearStack`)."""
+    if isinstance(stacked, LinearStack):
+        return stacked.combine(coefficients)
     return jax.tree_util.tree_map(lambda s: jnp.tensordot(coefficients, s, axes=1), stacked)
 
 
@@ -52,13 +72,131 @@ class ConstraintData(eqx.Module):
         return self.values.shape[0]
 
 
-def constraint_data(system: System, z) -> ConstraintData:
-    """Evaluate ∇H, f, Df, X_f and C_ij = {f_i, f_j} at the state `z` (pieces)."""
+class SparseConstraintData(eqx.Module):
+    """`ConstraintData` for a sparse C: Df and X_f as linear maps (`LinearStack`), the
+    multipliers c = C⁻ᵀh already solved for; `matrix` forms the dense C on demand."""
+
+    grad_h: object
+    x_h: object
+    values: jax.Array
+    grads: LinearStack
+    fields: LinearStack
+    multipliers: jax.Array
+    column: object = eqx.field(static=True)  # e ↦ C e
+
+    @property
+    def count(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def matrix(self):
+        m = self.count
+        return jax.vmap(self.column, out_axes=1)(np.eye(m, dtype=self.values.dtype))
+
+
+class BlockTridiagonalPlan(eqx.Module):
+    """Trace-time facts for C = [[0, A], [−Aᵀ, D]] with A tridiagonal (k × k, m = 2k).
+
+    `seeds` (c, m): one coloured seed per group of the columns k..m−1 of C that share no
+    row; entry (i, j) of those columns is `compressed[color[j], i]`. `a_*` index the three
+    diagonals of A, `d_cols`/`d_mask` the rows of D in a padded (ELL) layout.
+    """
+
+    k: int
+    seeds: np.ndarray
+    a_diag: tuple
+    d_cols: np.ndarray
+    d_colors: np.ndarray
+    d_mask: np.ndarray
+
+
+def _flat_size(z):
+    return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(z))
+
+
+def block_tridiagonal_plan(system: System, z, m: int):
+    """The `BlockTridiagonalPlan` of `system` at states shaped like `z`, or None when C is
+    not of that form (decided from structural patterns only, at trace time)."""
+    s = system.structure
+    n = system.dim
+    if m <= _UNROLL_MAX or m % 2 or n is None or _flat_size(z) != n:
+        return None
+    try:
+        if jax.tree_util.tree_structure(jax.eval_shape(s.split, jax.ShapeDtypeStruct((n,), jnp.float64))) != jax.tree_util.tree_structure(z):
+            return None
+        df = jacobian_pattern(system.constraint_functions, n)
+        struct = jacobian_pattern(lambda v: s.merge(s.apply(s.split(v[:n]), s.split(v[n:]))), 2 * n)[:, n:]
+    except Exception:  # a function the analysis cannot trace here: use the dense path
+        return None
+    if df.shape != (m, n):
+        return None
+    c_pat = (df.astype(np.int64) @ struct.astype(np.int64) @ df.T.astype(np.int64)) > 0
+    k = m // 2
+    a_pat, d_pat = c_pat[:k, k:], c_pat[k:, k:]
+    if c_pat[:k, :k].any() or bandwidth(a_pat) > 1 or not np.diag(a_pat).all():
+        return None
+    colors = greedy_coloring(c_pat[:, k:])
+    n_colors = int(colors.max()) + 1
+    if n_colors > k:  # no fewer products than the dense path
+        return None
+    seeds = np.zeros((n_colors, m))
+    seeds[colors, k + np.arange(k)] = 1.0
+    i = np.arange(k)
+    # A[i, i−1], A[i, i], A[i, i+1]: (colour of the column, row, mask)
+    diag = []
+    for off in (-1, 0, 1):
+        j = np.clip(i + off, 0, k - 1)
+        mask = (i + off >= 0) & (i + off < k)
+        mask &= a_pat[i, j]
+        diag.append((colors[j], i, mask.astype(np.float64)))
+    width = max(int(d_pat.sum(axis=1).max()), 1)
+    d_cols = np.zeros((k, width), np.int64)
+    d_mask = np.zeros((k, width))
+    for r in range(k):
+        cols = np.flatnonzero(d_pat[r])
+        d_cols[r, : cols.size] = cols
+        d_mask[r, : cols.size] = 1.0
+    return BlockTridiagonalPlan(k, seeds, tuple(diag), d_cols, colors[d_cols], d_mask)
+
+
+def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
+    s = system.structure
+    values, f_jvp = jax.linearize(lambda w: s.evaluate(system.constraint_functions, w), z)
+    f_t = jax.linear_transpose(f_jvp, z)
+    pullback = lambda c: f_t(c)[0]  # Σ_j c_j ∇f_j
+    hamiltonian_fields = lambda c: s.apply(z, pullback(c))  # Σ_j c_j X_{f_j}
+    column = lambda e: f_jvp(hamiltonian_fields(e))  # C e = Df B Dfᵀ e
+    # h_i = {H, f_i} = ⟨∇H, B∇f_i⟩ = −⟨∇f_i, B∇H⟩ = −(Df X_H)_i
+    h = -f_jvp(x_h)
+    k = plan.k
+    compressed = jax.vmap(column)(plan.seeds.astype(values.dtype))  # (colours, m)
+    dl, d, du = (compressed[c, r] * mask.astype(values.dtype) for c, r, mask in plan.a_diag)
+    rows = np.arange(k)[:, None] + k
+    d_vals = compressed[plan.d_colors, rows] * plan.d_mask.astype(values.dtype)
+    # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ − D c₂ = h₂.
+    c2 = -tridiagonal_solve(dl, d, du, h[:k])
+    d_c2 = jnp.sum(d_vals * c2[plan.d_cols], axis=1)
+    # Aᵀ has sub-diagonal A[i−1, i] and super-diagonal A[i+1, i]
+    zero = jnp.zeros((1,), values.dtype)
+    c1 = tridiagonal_solve(jnp.concatenate([zero, du[:-1]]), d, jnp.concatenate([dl[1:], zero]), h[k:] + d_c2)
+    return SparseConstraintData(
+        grad_h, x_h, values, LinearStack(pullback), LinearStack(hamiltonian_fields), jnp.concatenate([c1, c2]), column
+    )
+
+
+def constraint_data(system: System, z):
+    """Evaluate ∇H, f, Df, X_f and C_ij = {f_i, f_j} at the state `z` (pieces).
+
+    Returns a `ConstraintData`, or a `SparseConstraintData` when C has the sparse block
+    form of `block_tridiagonal_plan` (the multipliers then come solved)."""
     s = system.structure
     grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
     x_h = s.apply(z, grad_h)
+    m = jax.eval_shape(lambda w: s.evaluate(system.constraint_functions, w), z).shape[0]
+    plan = block_tridiagonal_plan(system, z, m)
+    if plan is not None:
+        return _sparse_constraint_data(system, z, grad_h, x_h, plan)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
-    m = values.shape[0]
     if m == 0:
         return ConstraintData(grad_h, x_h, values, None, None, jnp.zeros((0, 0), values.dtype))
     # numpy: literal unit cotangents that XLA (and the simplification pass) can fold.
@@ -70,6 +208,8 @@ def constraint_data(system: System, z) -> ConstraintData:
 
 def dirac_multipliers(data: ConstraintData):
     """c = C⁻ᵀ h with h_i = {H, f_i}: the Dirac formula reads X = X_H − Σ_j c_j X_{f_j}."""
+    if isinstance(data, SparseConstraintData):
+        return data.multipliers
     h = stacked_dot(data.fields, jax.tree_util.tree_map(lambda g: g[None], data.grad_h))[:, 0]
     if data.count == 2:
         # C = [[0, c], [−c, 0]] so Cᵀ c' = h reads −c·c'₁ = h₀, c·c'₀ = h₁.
