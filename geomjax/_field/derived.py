@@ -95,23 +95,37 @@ class SparseConstraintData(eqx.Module):
 
 
 class BlockTridiagonalPlan(eqx.Module):
-    """Trace-time facts for C = [[0, A], [−Aᵀ, D]] with A tridiagonal (k × k, m = 2k).
+    """Trace-time facts for C = [[0, A], [−Aᵀ, D]] with A tridiagonal and D banded (k × k,
+    m = 2k).
 
     `seeds` (c, m): one coloured seed per group of the columns k..m−1 of C that share no
-    row; entry (i, j) of those columns is `compressed[color[j], i]`. `a_*` index the three
-    diagonals of A, `d_cols`/`d_mask` the rows of D in a padded (ELL) layout.
+    row (C·seed is the sum of those columns). Diagonal o of A or D (entries (i, i+o)) is
+    Σ_c compressed[c, rows] · weights[c], with 0/1 `weights` (c, k) that pick the colour of
+    column i+o where the pattern allows an entry: products with constants, no gathers, so
+    everything fuses and the scalar-graph pass can expand it.
     """
 
     k: int
     seeds: np.ndarray
-    a_diag: tuple
-    d_cols: np.ndarray
-    d_colors: np.ndarray
-    d_mask: np.ndarray
+    a_weights: tuple  # offsets −1, 0, 1
+    d_weights: tuple  # (offset, weights) for the offsets of D's band
 
 
 def _flat_size(z):
     return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(z))
+
+
+_D_BANDWIDTH_MAX = 4
+
+
+def _diagonal_weights(pattern, colors, n_colors, offset):
+    k = pattern.shape[0]
+    w = np.zeros((n_colors, k))
+    for i in range(k):
+        j = i + offset
+        if 0 <= j < k and pattern[i, j]:
+            w[colors[j], i] = 1.0
+    return w
 
 
 def block_tridiagonal_plan(system: System, z, m: int):
@@ -133,30 +147,30 @@ def block_tridiagonal_plan(system: System, z, m: int):
     c_pat = (df.astype(np.int64) @ struct.astype(np.int64) @ df.T.astype(np.int64)) > 0
     k = m // 2
     a_pat, d_pat = c_pat[:k, k:], c_pat[k:, k:]
-    if c_pat[:k, :k].any() or bandwidth(a_pat) > 1 or not np.diag(a_pat).all():
+    if c_pat[:k, :k].any() or bandwidth(a_pat) > 1 or bandwidth(d_pat) > _D_BANDWIDTH_MAX:
         return None
     colors = greedy_coloring(c_pat[:, k:])
     n_colors = int(colors.max()) + 1
-    if n_colors > k:  # no fewer products than the dense path
+    if n_colors >= k:  # no fewer products than the dense path
         return None
     seeds = np.zeros((n_colors, m))
     seeds[colors, k + np.arange(k)] = 1.0
-    i = np.arange(k)
-    # A[i, i−1], A[i, i], A[i, i+1]: (colour of the column, row, mask)
-    diag = []
-    for off in (-1, 0, 1):
-        j = np.clip(i + off, 0, k - 1)
-        mask = (i + off >= 0) & (i + off < k)
-        mask &= a_pat[i, j]
-        diag.append((colors[j], i, mask.astype(np.float64)))
-    width = max(int(d_pat.sum(axis=1).max()), 1)
-    d_cols = np.zeros((k, width), np.int64)
-    d_mask = np.zeros((k, width))
-    for r in range(k):
-        cols = np.flatnonzero(d_pat[r])
-        d_cols[r, : cols.size] = cols
-        d_mask[r, : cols.size] = 1.0
-    return BlockTridiagonalPlan(k, seeds, tuple(diag), d_cols, colors[d_cols], d_mask)
+    a_weights = tuple(_diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
+    bw = bandwidth(d_pat)
+    d_weights = tuple(
+        (o, _diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
+    )
+    return BlockTridiagonalPlan(k, seeds, a_weights, d_weights)
+
+
+def _shifted(x, offset):
+    """y_i = x_{i+offset}, zero outside."""
+    if offset == 0:
+        return x
+    zero = jnp.zeros((abs(offset),), x.dtype)
+    if offset > 0:
+        return jnp.concatenate([x[offset:], zero])
+    return jnp.concatenate([zero, x[:offset]])
 
 
 def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
@@ -170,15 +184,14 @@ def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagon
     h = -f_jvp(x_h)
     k = plan.k
     compressed = jax.vmap(column)(plan.seeds.astype(values.dtype))  # (colours, m)
-    dl, d, du = (compressed[c, r] * mask.astype(values.dtype) for c, r, mask in plan.a_diag)
-    rows = np.arange(k)[:, None] + k
-    d_vals = compressed[plan.d_colors, rows] * plan.d_mask.astype(values.dtype)
+    top, bottom = compressed[:, :k], compressed[:, k:]
+    pick = lambda rows, w: jnp.sum(rows * w.astype(values.dtype), axis=0)
+    dl, d, du = (pick(top, w) for w in plan.a_weights)
     # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ − D c₂ = h₂.
     c2 = -tridiagonal_solve(dl, d, du, h[:k])
-    d_c2 = jnp.sum(d_vals * c2[plan.d_cols], axis=1)
+    d_c2 = sum((pick(bottom, w) * _shifted(c2, o) for o, w in plan.d_weights), jnp.zeros_like(c2))
     # Aᵀ has sub-diagonal A[i−1, i] and super-diagonal A[i+1, i]
-    zero = jnp.zeros((1,), values.dtype)
-    c1 = tridiagonal_solve(jnp.concatenate([zero, du[:-1]]), d, jnp.concatenate([dl[1:], zero]), h[k:] + d_c2)
+    c1 = tridiagonal_solve(_shifted(du, -1), d, _shifted(dl, 1), h[k:] + d_c2)
     return SparseConstraintData(
         grad_h, x_h, values, LinearStack(pullback), LinearStack(hamiltonian_fields), jnp.concatenate([c1, c2]), column
     )

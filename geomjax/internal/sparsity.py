@@ -229,7 +229,9 @@ def jacobian_pattern(fn, n: int, dtype=np.float64) -> np.ndarray:
     Example: `jacobian_pattern(lambda x: x[1:] * x[:-1], 3)` is
     `[[True, True, False], [False, True, True]]`.
     """
-    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct((n,), dtype))
+    # a fresh wrapper: make_jaxpr caches by the function, and comparing bound methods of
+    # modules holding arrays would compare those arrays (traced inside an outer jit)
+    closed = jax.make_jaxpr(lambda x: fn(x))(jax.ShapeDtypeStruct((n,), dtype))
     jaxpr = closed.jaxpr
     (out,) = _propagate(jaxpr, list(closed.consts), [_Entry(np.eye(n, dtype=bool))], n)
     return out.dep.reshape(-1, n)
