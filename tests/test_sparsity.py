@@ -26,6 +26,8 @@ def test_pattern_small_examples():
     np.testing.assert_array_equal(jacobian_pattern(lambda x: jnp.asarray(mat) @ x, 3), mat != 0)
     # multiplying by a constant zero removes the dependence
     np.testing.assert_array_equal(jacobian_pattern(lambda x: x * jnp.array([1.0, 0.0]), 2), np.eye(2) * [1, 0])
+    # squeeze keeps entrywise dependence
+    np.testing.assert_array_equal(jacobian_pattern(lambda x: x.reshape(2, 1)[:, 0] * 2.0, 2), np.eye(2))
     # shape operations, pads, reductions
     fn = lambda x: jnp.concatenate([jnp.pad(x[:2], (1, 0)), jnp.sum(x.reshape(2, 2), axis=0), x[::-1][:1]])
     np.testing.assert_array_equal(

@@ -158,7 +158,8 @@ def _eqn_patterns(eqn, ins, n):
             acc |= np.broadcast_to(e.dep, shape + (n,))
         return [acc]
     (first, *_) = ins if ins else (None,)
-    if name in ("reshape", "squeeze", "expand_dims") and p.get("dimensions") is None:
+    if name in ("squeeze", "expand_dims") or (name == "reshape" and p.get("dimensions") is None):
+        # row-major order is kept: only size-1 axes come or go
         return [first.dep.reshape(tuple(outs[0].shape) + (n,))]
     if name == "transpose":
         return [first.dep.transpose(tuple(p["permutation"]) + (first.dep.ndim - 1,))]
