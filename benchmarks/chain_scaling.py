@@ -11,7 +11,9 @@ constraints f = (g, G M⁻¹p). For each N and each method
 the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in three versions:
 
 - geomjax:    `geomjax.integrate(field or step, x, dt=h, steps=S, method=...)`, everything
-              derived by autodiff from H and g;
+              derived by autodiff from H and g; from N = 4 on the fields take the sparse
+              path of `geomjax._field.derived` (C's pattern read off the jaxpr, block form
+              [[0, A], [−Aᵀ, D]] with A tridiagonal, two `tridiagonal_solve` calls);
 - hand dense: the same field / step written by hand in vectorised jnp for the chain, with
               G = Dg in closed form, C = {f_i, f_j} assembled as a dense 2N × 2N matrix by
               matmuls and `jnp.linalg.solve` (RATTLE: 3 Newton iterations, dense solves);

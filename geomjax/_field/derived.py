@@ -6,6 +6,17 @@ unit cotangents), the Hamiltonian fields X_{f_i} = B∇f_i (the structure applie
 `vmap`) and the matrix C_ij = {f_i, f_j} = ⟨∇f_i, X_{f_j}⟩, one contraction. Nothing is
 unrolled per constraint, so the size of the traced program, and the compile time, do not
 grow with the number of constraints.
+
+Many constraints with a sparse C (`constraint_data` for m > 4): the dependency structure
+of f on the state entries is read off the jaxpr at trace time
+(`geomjax.internal.sparsity.jacobian_pattern`, structural and sound), and with the
+pattern of the structure B it gives the pattern of C = Df B Dfᵀ. When C has the block form
+[[0, A], [−Aᵀ, D]] (for holonomic f = (g, ġ) on T*Rⁿ, {g_i, g_j} = 0 and A = G ∂²H/∂p² Gᵀ)
+and A is tridiagonal (the chain's links), nothing m × n or m × m is formed: the needed
+columns of C come from a few products Df·B·Dfᵀ·s with coloured seeds s (columns that share
+no row are evaluated together), h = {H, f} from one Jacobian-vector product, the
+multipliers from two tridiagonal solves with A (LAPACK gtsv, partial pivoting), and
+Σ c_j X_{f_j} from one pullback. Otherwise C is formed densely as below.
 """
 
 import equinox as eqx
@@ -13,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._solve.linalg import small_solve
+from .._solve.linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 from .._system.system import System
+from ..internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
 
 
 def stacked_dot(a, b):
@@ -26,8 +38,16 @@ def stacked_dot(a, b):
     return sum(leaves[1:], leaves[0])
 
 
+class LinearStack(eqx.Module):
+    """Stacked pieces s_j never formed: `combine(c)` = Σ_j c_j s_j, a linear map."""
+
+    combine: object = eqx.field(static=True)
+
+
 def stacked_combination(coefficients, stacked):
-    """Σ_j c_j s_j for pieces `stacked` with a leading axis j."""
+    """Σ_j c_j s_j for pieces `stacked` with a leading axis j (or a `LinearStack`)."""
+    if isinstance(stacked, LinearStack):
+        return stacked.combine(coefficients)
     return jax.tree_util.tree_map(lambda s: jnp.tensordot(coefficients, s, axes=1), stacked)
 
 
@@ -52,13 +72,144 @@ class ConstraintData(eqx.Module):
         return self.values.shape[0]
 
 
-def constraint_data(system: System, z) -> ConstraintData:
-    """Evaluate ∇H, f, Df, X_f and C_ij = {f_i, f_j} at the state `z` (pieces)."""
+class SparseConstraintData(eqx.Module):
+    """`ConstraintData` for a sparse C: Df and X_f as linear maps (`LinearStack`), the
+    multipliers c = C⁻ᵀh already solved for; `matrix` forms the dense C on demand."""
+
+    grad_h: object
+    x_h: object
+    values: jax.Array
+    grads: LinearStack
+    fields: LinearStack
+    multipliers: jax.Array
+    column: object = eqx.field(static=True)  # e ↦ C e
+
+    @property
+    def count(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def matrix(self):
+        m = self.count
+        return jax.vmap(self.column, out_axes=1)(np.eye(m, dtype=self.values.dtype))
+
+
+class BlockTridiagonalPlan(eqx.Module):
+    """Trace-time facts for C = [[0, A], [−Aᵀ, D]] with A tridiagonal and D banded (k × k,
+    m = 2k).
+
+    `seeds` (c, m): one coloured seed per group of the columns k..m−1 of C that share no
+    row (C·seed is the sum of those columns). Diagonal o of A or D (entries (i, i+o)) is
+    Σ_c compressed[c, rows] · weights[c], with 0/1 `weights` (c, k) that pick the colour of
+    column i+o where the pattern allows an entry: products with constants, no gathers, so
+    everything fuses and the scalar-graph pass can expand it.
+    """
+
+    k: int
+    seeds: np.ndarray
+    a_weights: tuple  # offsets −1, 0, 1
+    d_weights: tuple  # (offset, weights) for the offsets of D's band
+
+
+def _flat_size(z):
+    return sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(z))
+
+
+_D_BANDWIDTH_MAX = 4
+
+
+def _diagonal_weights(pattern, colors, n_colors, offset):
+    k = pattern.shape[0]
+    w = np.zeros((n_colors, k))
+    for i in range(k):
+        j = i + offset
+        if 0 <= j < k and pattern[i, j]:
+            w[colors[j], i] = 1.0
+    return w
+
+
+def block_tridiagonal_plan(system: System, z, m: int):
+    """The `BlockTridiagonalPlan` of `system` at states shaped like `z`, or None when C is
+    not of that form (decided from structural patterns only, at trace time)."""
+    s = system.structure
+    n = system.dim
+    if m <= _UNROLL_MAX or m % 2 or n is None or _flat_size(z) != n:
+        return None
+    try:
+        if jax.tree_util.tree_structure(jax.eval_shape(s.split, jax.ShapeDtypeStruct((n,), jnp.float64))) != jax.tree_util.tree_structure(z):
+            return None
+        df = jacobian_pattern(system.constraint_functions, n)
+        struct = jacobian_pattern(lambda v: s.merge(s.apply(s.split(v[:n]), s.split(v[n:]))), 2 * n)[:, n:]
+    except Exception:  # a function the analysis cannot trace here: use the dense path
+        return None
+    if df.shape != (m, n):
+        return None
+    c_pat = (df.astype(np.int64) @ struct.astype(np.int64) @ df.T.astype(np.int64)) > 0
+    k = m // 2
+    a_pat, d_pat = c_pat[:k, k:], c_pat[k:, k:]
+    if c_pat[:k, :k].any() or bandwidth(a_pat) > 1 or bandwidth(d_pat) > _D_BANDWIDTH_MAX:
+        return None
+    colors = greedy_coloring(c_pat[:, k:])
+    n_colors = int(colors.max()) + 1
+    if n_colors >= k:  # no fewer products than the dense path
+        return None
+    seeds = np.zeros((n_colors, m))
+    seeds[colors, k + np.arange(k)] = 1.0
+    a_weights = tuple(_diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
+    bw = bandwidth(d_pat)
+    d_weights = tuple(
+        (o, _diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
+    )
+    return BlockTridiagonalPlan(k, seeds, a_weights, d_weights)
+
+
+def _shifted(x, offset):
+    """y_i = x_{i+offset}, zero outside."""
+    if offset == 0:
+        return x
+    zero = jnp.zeros((abs(offset),), x.dtype)
+    if offset > 0:
+        return jnp.concatenate([x[offset:], zero])
+    return jnp.concatenate([zero, x[:offset]])
+
+
+def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
+    s = system.structure
+    values, f_jvp = jax.linearize(lambda w: s.evaluate(system.constraint_functions, w), z)
+    f_t = jax.linear_transpose(f_jvp, z)
+    pullback = lambda c: f_t(c)[0]  # Σ_j c_j ∇f_j
+    hamiltonian_fields = lambda c: s.apply(z, pullback(c))  # Σ_j c_j X_{f_j}
+    column = lambda e: f_jvp(hamiltonian_fields(e))  # C e = Df B Dfᵀ e
+    # h_i = {H, f_i} = ⟨∇H, B∇f_i⟩ = −⟨∇f_i, B∇H⟩ = −(Df X_H)_i
+    h = -f_jvp(x_h)
+    k = plan.k
+    compressed = jax.vmap(column)(plan.seeds.astype(values.dtype))  # (colours, m)
+    top, bottom = compressed[:, :k], compressed[:, k:]
+    pick = lambda rows, w: jnp.sum(rows * w.astype(values.dtype), axis=0)
+    dl, d, du = (pick(top, w) for w in plan.a_weights)
+    # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ − D c₂ = h₂.
+    c2 = -tridiagonal_solve(dl, d, du, h[:k])
+    d_c2 = sum((pick(bottom, w) * _shifted(c2, o) for o, w in plan.d_weights), jnp.zeros_like(c2))
+    # Aᵀ has sub-diagonal A[i−1, i] and super-diagonal A[i+1, i]
+    c1 = tridiagonal_solve(_shifted(du, -1), d, _shifted(dl, 1), h[k:] + d_c2)
+    return SparseConstraintData(
+        grad_h, x_h, values, LinearStack(pullback), LinearStack(hamiltonian_fields), jnp.concatenate([c1, c2]), column
+    )
+
+
+def constraint_data(system: System, z):
+    """Evaluate ∇H, f, Df, X_f and C_ij = {f_i, f_j} at the state `z` (pieces).
+
+    Returns a `ConstraintData`, or a `SparseConstraintData` when C has the sparse block
+    form of `block_tridiagonal_plan` (the multipliers then come solved)."""
     s = system.structure
     grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
     x_h = s.apply(z, grad_h)
+    m = jax.eval_shape(lambda w: s.evaluate(system.constraint_functions, w), z).shape[0]
+    plan = block_tridiagonal_plan(system, z, m)
+    if plan is not None:
+        return _sparse_constraint_data(system, z, grad_h, x_h, plan)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
-    m = values.shape[0]
     if m == 0:
         return ConstraintData(grad_h, x_h, values, None, None, jnp.zeros((0, 0), values.dtype))
     # numpy: literal unit cotangents that XLA (and the simplification pass) can fold.
@@ -70,6 +221,8 @@ def constraint_data(system: System, z) -> ConstraintData:
 
 def dirac_multipliers(data: ConstraintData):
     """c = C⁻ᵀ h with h_i = {H, f_i}: the Dirac formula reads X = X_H − Σ_j c_j X_{f_j}."""
+    if isinstance(data, SparseConstraintData):
+        return data.multipliers
     h = stacked_dot(data.fields, jax.tree_util.tree_map(lambda g: g[None], data.grad_h))[:, 0]
     if data.count == 2:
         # C = [[0, c], [−c, 0]] so Cᵀ c' = h reads −c·c'₁ = h₀, c·c'₀ = h₁.

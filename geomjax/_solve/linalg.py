@@ -6,6 +6,7 @@ unrolled routines use only elementwise arithmetic, so they fuse with the surroun
 """
 
 import jax.numpy as jnp
+from jax import lax
 
 # Above this size the unrolled elimination stops paying off and LAPACK is used: on the
 # planar chain (benchmarks/chain_scaling.py) an unrolled 8×8 elimination compiled in
@@ -98,3 +99,16 @@ def combine_rows(w, coeffs):
     for a in range(1, w.shape[0]):
         acc = acc + coeffs[a] * w[a]
     return acc
+
+
+def tridiagonal_solve(dl, d, du, b):
+    """Solve `T x = b` for the tridiagonal T with sub-diagonal `dl` (dl[0] = 0), diagonal
+    `d` and super-diagonal `du` (du[-1] = 0), `b` of shape `(k,)`.
+
+    `jax.lax.linalg.tridiagonal_solve` (LAPACK gtsv on the CPU: Gaussian elimination with
+    partial pivoting, so T need not be symmetric or definite, only invertible). O(k).
+
+    Example: `tridiagonal_solve(jnp.array([0., 1.]), jnp.array([2., 2.]), jnp.array([1., 0.]), jnp.array([3., 3.]))`
+    returns `[1., 1.]`.
+    """
+    return lax.linalg.tridiagonal_solve(dl, d, du, b[:, None])[:, 0]
