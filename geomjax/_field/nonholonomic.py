@@ -22,14 +22,13 @@ field. A feedback field then adds −L∇V with V = ½ΔᵀKΔ, Δ = (J, H_ext �
 for structures embedded in Euclidean space, + k₀/4 ‖D‖² with D the embedding defect
 (RᵀR − I for SO(3), cos² + sin² − 1 for SE(2)).
 
-How it is computed inside loops (measured on the knife edge against the same field
-written by hand, `benchmarks/nonholonomic_vs_hand.py`): the state is taken apart into its
-scalar entries and the user's functions are evaluated on them (no slicing of vectors);
-all derivatives are forward-mode partials in single entries, skipping entries a quantity
-does not depend on and one-form entries that are structurally zero; the gradient of H_ext
-comes from H − μ·J + ½μᵀCμ with μ = C⁻¹J frozen (no derivative of the solve); C⁻¹ is
-written out for k ≤ 2. Reverse mode on vectors produced pads that split XLA's CPU fusions
-(15× the hand-written field); this form runs at about 1.1× of it for one trajectory.
+How it is computed: as vectorised JAX on the state's pieces, v = ∂H/∂m by `grad`, C by
+one jvp vmapped over the rows of ω, ∇H_ext and ∇V from one derivative of
+F = (J, H_ext, ...); `SystemField.rhs` then runs it through the simplification pass
+(`geomjax.internal.simplify`), the one place expressions are rewritten. See
+`_Derivation.field` for the two measured choices (μ = C⁻¹J held fixed in ∇H_ext, forward
+mode for DF) and `benchmarks/nonholonomic_vs_hand.py` for the comparison with the field
+written by hand.
 """
 
 
@@ -157,50 +156,60 @@ class _Derivation(eqx.Module):
         return jnp.concatenate(pieces), (j, c)
 
     def field(self, z, weights=None, embedding_gain=None):
-        """X_Hext + (0, ωᵀλ), and ∇V for the feedback term (None without `weights`).
+        """X_Hext + (0, ωᵀλ), λ, and ∇V for the feedback term (None without `weights`).
 
-        F = (J, H_ext[, integrals, ¼‖D‖²]) is differentiated as a whole: ∇H_ext is its row
-        H_ext and ∇V = DFᵀ(w, k₀) with w = `weights(F)` = K(F − F₀). λ = −C⁻¹ DJ·X_Hext is
-        one jvp of J. H_ext is differentiated as written (through the solve).
+        J and C at z give C⁻¹ (one `small_solve` against the identity: one reciprocal for
+        k = 1) and μ = C⁻¹J. F = (J, H_ext[, integrals, ¼‖D‖²]) is differentiated as a
+        whole: ∇H_ext is its row H_ext and ∇V = DFᵀ(w, k₀) with w = `weights(F)` =
+        K(F − F₀). λ = −C⁻¹ DJ·X_Hext is one jvp of J.
 
-        DF is taken in forward mode (`jacfwd`, one vmapped jvp over unit tangents) when the
-        simplification pass expands the field (at most `MAX_INPUTS` state entries): the
-        tangents then flow in the order of the primal and the pass cancels more. Knife
-        edge, scalar operations left after simplification (field / feedback field): forward
-        25 / 56, reverse 37 / 90, the former scalar-by-scalar derivation 24 / 55. Holding
-        μ = C⁻¹J fixed inside the derivative (H − μ·J + ½μᵀCμ) gave 27 / 63 forward and
-        40 / 105 reverse there, so it is not used. Larger states use one reverse pass
-        vmapped over the cotangents e_Hext and (w, k₀).
+        Two choices, measured (knife edge, scalar operations left by the simplification
+        pass with the system's parameters traced, as inside `geomjax.integrate`):
+
+        - H_ext enters F as H − μ·J + ½μᵀCμ with μ held fixed (`frozen_extended`): the
+          same value and gradient at z, and the same function of the state (μ is
+          recomputed from it), so derivatives of the field stay exact; no derivative of
+          the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
+          H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
+          `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
+          extra divisions each became a separate XLA kernel. (Scalar-by-scalar
+          derivation before: 53 ops / 4 divisions, 5.1 ms.)
+        - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
+          expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
+          primal and more cancels (with constant parameters, field/feedback 25/56 ops
+          against 37/90 in reverse mode). Larger states take one reverse pass vmapped
+          over the cotangents e_Hext and (w, k₀).
         """
         s = self.system.structure
         with_defect = weights is not None and embedding_gain is not None
+        j, c = self.momenta(z), self.matrix(z)
+        k = j.shape[0]
+        c_inv = small_solve(c, np.eye(k, dtype=j.dtype))
+        mu = c_inv @ j
 
         def outputs(w):
-            h_ext, (j, c) = self.extended(w)
-            pieces = [j, h_ext[None]]
+            pieces = [self.momenta(w), self.frozen_extended(w, mu)[None]]
             if weights is not None and self.system.integrals:
                 pieces.append(self.integrals(w))
             if with_defect:
                 d = s.embedding_defect(w[0]).reshape(-1)
                 pieces.append((0.25 * jnp.dot(d, d))[None])
-            return jnp.concatenate(pieces), c
+            return jnp.concatenate(pieces)
 
         def combined(w):
             return jnp.concatenate([w, jnp.atleast_1d(embedding_gain).astype(w.dtype)]) if with_defect else w
 
         size = sum(leaf.size for leaf in jax.tree_util.tree_leaves(z))
         if size <= MAX_INPUTS:
-            f, c = outputs(z)
-            k = c.shape[0]
-            jac = jax.jacfwd(lambda w: outputs(w)[0])(z)
+            f = outputs(z)
+            jac = jax.jacfwd(outputs)(z)
             grad_h = jax.tree_util.tree_map(lambda g: g[k], jac)
             grad_v = None
             if weights is not None:
                 w = combined(weights(f[: f.shape[0] - with_defect]))
                 grad_v = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, g, axes=1), jac)
         else:
-            f, f_vjp, c = jax.vjp(outputs, z, has_aux=True)
-            k = c.shape[0]
+            f, f_vjp = jax.vjp(outputs, z)
             # numpy: a literal unit cotangent that XLA can fold.
             e_h = np.zeros(f.shape, f.dtype)
             e_h[k] = 1.0
@@ -214,10 +223,19 @@ class _Derivation(eqx.Module):
                 grad_v = jax.tree_util.tree_map(lambda g: g[1], both)
         x_h = s.apply(z, grad_h)
         _, j_dot = jax.jvp(self.momenta, (z,), (x_h,))
-        lam = -small_solve(c, j_dot)
+        lam = -(c_inv @ j_dot)
         force = lam @ self.forms(z)
         m_dot = _momentum(self.kind, x_h) + force.reshape(_momentum(self.kind, x_h).shape)
         return _with_momentum(self.kind, x_h, m_dot), lam, grad_v
+
+    def frozen_extended(self, w, mu):
+        """H − μ·J + ½μᵀCμ at the state w for a given μ: H_ext with the same gradient
+        where μ = C⁻¹J (∂/∂μ of it vanishes there). ½μᵀCμ is one jvp of μ·J along ωᵀμ."""
+        kind = self.kind
+        mu_j = lambda m: jnp.dot(mu, self.momenta(_with_momentum(kind, w, m)))
+        u = (mu @ self.forms(w)).reshape(_momentum(kind, w).shape)
+        weighted, c_mu_mu = jax.jvp(mu_j, (_momentum(kind, w),), (u,))
+        return self.energy(w) - weighted + 0.5 * c_mu_mu
 
 
 def _split(system, x):
