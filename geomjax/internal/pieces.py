@@ -9,11 +9,9 @@ piece directly, one that covers several whole pieces is again a view, and only a
 operation that needs the whole vector sees the concatenation. The result is the same
 function, with no concatenate–slice round trip left for autodiff to transpose.
 
-Derived fields go one step further (`geomjax.internal.simplify` expands them into simplified
-scalar graphs); this interpreter serves the user functions inside them, and whole fields
-the graph leaves alone. The pieces may be as fine as single
-scalar entries (shape `(1,)` each, see `geomjax.internal.sparse_ad`): forward-mode derivatives in
-one entry then touch only the operations that read it.
+Derived fields are expanded into simplified scalar graphs (`geomjax.internal.simplify`);
+this interpreter serves the user functions inside them (through
+`AbstractPoissonStructure.evaluate`) and whole fields the graph leaves alone.
 """
 
 from collections.abc import Callable, Sequence
