@@ -74,7 +74,7 @@ def hand_field(model, x0):
 def derived_field(model, x0, simplified=True):
     y = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(GAINS))
     if simplified:
-        return lambda q, p: y.rhs((q, p))
+        return lambda q, p: y.rhs(0.0, (q, p), None)
     return lambda q, p: y.vector((q, p))  # as traced from the autodiff derivation
 
 

@@ -141,26 +141,6 @@ def as_field(field: Callable) -> AbstractField:
     return FunctionField(field)
 
 
-# Inner products of vectors up to this length are written out as scalar sums: XLA then
-# fuses them into their consumers instead of launching one reduction kernel each.
-_UNROLL_DOT = 8
-
-
-def _dot(u, v):
-    if u.ndim == 1 and u.shape[0] <= _UNROLL_DOT:
-        acc = u[0] * v[0]
-        for i in range(1, u.shape[0]):
-            acc = acc + u[i] * v[i]
-        return acc
-    return (u * v).sum()
-
-
-def tree_dot(a, b):
-    """Euclidean inner product of two states given in pieces."""
-    leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(_dot, a, b))
-    return sum(leaves[1:], leaves[0])
-
-
 def tree_axpy(alpha, x, y):
     """alpha·x + y on pieces."""
     return jax.tree_util.tree_map(lambda u, v: alpha * u + v, x, y)

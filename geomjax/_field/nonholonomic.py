@@ -22,14 +22,13 @@ field. A feedback field then adds −L∇V with V = ½ΔᵀKΔ, Δ = (J, H_ext �
 for structures embedded in Euclidean space, + k₀/4 ‖D‖² with D the embedding defect
 (RᵀR − I for SO(3), cos² + sin² − 1 for SE(2)).
 
-How it is computed inside loops (measured on the knife edge against the same field
-written by hand, `benchmarks/nonholonomic_vs_hand.py`): the state is taken apart into its
-scalar entries and the user's functions are evaluated on them (no slicing of vectors);
-all derivatives are forward-mode partials in single entries, skipping entries a quantity
-does not depend on and one-form entries that are structurally zero; the gradient of H_ext
-comes from H − μ·J + ½μᵀCμ with μ = C⁻¹J frozen (no derivative of the solve); C⁻¹ is
-written out for k ≤ 2. Reverse mode on vectors produced pads that split XLA's CPU fusions
-(15× the hand-written field); this form runs at about 1.1× of it for one trajectory.
+How it is computed: as vectorised JAX on the state's pieces, v = ∂H/∂m by `grad`, C by
+one jvp vmapped over the rows of ω, ∇H_ext and ∇V from one derivative of
+F = (J, H_ext, ...); `SystemField.rhs` then runs it through the simplification pass
+(`geomjax.internal.simplify`), the one place expressions are rewritten. See
+`_Derivation.field` for the two measured choices (μ = C⁻¹J held fixed in ∇H_ext, forward
+mode for DF) and `benchmarks/nonholonomic_vs_hand.py` for the comparison with the field
+written by hand.
 """
 
 
@@ -42,23 +41,11 @@ from jax import lax
 from .feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
 from .._monitored import START_TOL, check_on_constraint_set
 from .base import SystemField
-from ..internal.pieces import evaluate_on_pieces
-from ..internal.sparse_ad import (
-    dependencies,
-    directional,
-    inverse,
-    matvec,
-    partial,
-    scalars,
-    sdot,
-    sdot_sparse,
-    solve,
-    sparse_partials,
-    structural_zeros,
-)
+from ..internal.simplify import MAX_INPUTS
+from .._solve.linalg import small_solve
 from .._system.structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from .._system.system import System
-from .._validate import as_state, is_concrete, require_invertible
+from .._validate import is_concrete, require_invertible
 
 # --------------------------------------------------------------------------------------
 # Which piece is the momentum
@@ -100,230 +87,164 @@ def _require(system) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The derived quantities at one state
+# The derived quantities at one state (pieces z), vectorised
 
 
-class _Parts:
-    """The system's functions on the scalar pieces `s` of a state shaped like `z`.
+def _momentum(kind: str, z):
+    return z[1] if kind == "pair" else z
 
-    `s` lists the entries of the flat state in order (shape (1,) each); the first `nc` are
-    the configuration, the rest the momentum (`nc = 0` on Lie–Poisson spaces).
-    """
 
-    def __init__(self, system: System, z):
-        self.system = system
-        self.structure = system.structure
-        self.kind = nonholonomic_layout(self.structure)
-        leaves, self.treedef = jax.tree_util.tree_flatten(z)
-        self.shapes = [leaf.shape for leaf in leaves]
-        self.nc = leaves[0].size if self.kind == "pair" else 0
-        self.config_is_vector = self.kind == "pair" and leaves[0].ndim == 1
-        self._form_zeros = None
-        self._forms_constant = False
-        if self.kind == "momentum":
-            try:
-                deps = dependencies(lambda ss: [self.forms(ss)], self.explode(z))
-                self._forms_constant = not deps[0]
-            except Exception:
-                self._forms_constant = False
+def _with_momentum(kind: str, z, m):
+    return (z[0], m) if kind == "pair" else m
 
-    # -- conversions
-    def explode(self, z):
-        out = []
-        for leaf in jax.tree_util.tree_leaves(z):
-            out.extend(scalars(leaf))
-        return tuple(out)
 
-    def implode(self, s):
-        leaves, start = [], 0
-        for shape in self.shapes:
-            size = int(np.prod(shape))
-            leaves.append(jnp.concatenate(s[start : start + size]).reshape(shape))
-            start += size
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+class _Derivation(eqx.Module):
+    """The system's functions at a state in pieces: (configuration, momentum) on "pair"
+    layouts, the momentum alone on "momentum" layouts (Lie–Poisson spaces)."""
 
-    def _config(self, s):
-        return self.implode(s)[0] if self.kind == "pair" else self.implode(s)
+    system: System
 
-    # -- the user's functions on scalars
-    def energy(self, s):
-        return evaluate_on_pieces(self.system.hamiltonian, list(s)).reshape(())
-
-    def forms(self, s):
-        """ω as a (k, d) array."""
-        if self.kind == "momentum":
-            w = evaluate_on_pieces(self.system.nonholonomic, list(s))
-        elif self.config_is_vector:
-            w = evaluate_on_pieces(self.system.nonholonomic, list(s[: self.nc]))
-        else:
-            w = self.system.nonholonomic(self._config(s))
-        w = jnp.asarray(w)
-        return w[None, :] if w.ndim == 1 else w
-
-    def form_entries(self, s):
-        """ω and its entries as scalars, None for entries that are structurally zero."""
-        w = self.forms(s)
-        k, d = w.shape
-        zero = self.form_zeros(s)
-        return w, [
-            [None if zero[a, i] else lax.slice(w, (a, i), (a + 1, i + 1)).reshape(1) for i in range(d)]
-            for a in range(k)
-        ]
-
-    def form_zeros(self, s):
-        if self._form_zeros is None:
-            arg = self._config(s) if self.kind == "pair" else self.implode(s)
-            fn = lambda a: jnp.atleast_2d(jnp.asarray(self.system.nonholonomic(a)))
-            try:
-                self._form_zeros = structural_zeros(fn, arg)
-            except Exception:  # the analysis is an optimisation only
-                self._form_zeros = np.zeros(fn(arg).shape, dtype=bool)
-        return self._form_zeros
-
-    def integrals(self, s):
-        return evaluate_on_pieces(self.system.integral_values, list(s))
-
-    def defect(self, s):
-        return self.structure.embedding_defect(self._config(s)).reshape(-1)
+    @property
+    def kind(self) -> str:
+        return nonholonomic_layout(self.system.structure)
 
     @property
     def embedded(self) -> bool:
-        return self.kind == "pair" and hasattr(self.structure, "embedding_defect")
+        return self.kind == "pair" and hasattr(self.system.structure, "embedding_defect")
 
-    # -- derived quantities
-    def velocity(self, s):
-        """v = ∂H/∂m, as scalars (one forward-mode pass per momentum entry)."""
-        s = tuple(s)
-        return tuple(partial(self.energy, s, i).reshape(1) for i in range(self.nc, len(s)))
+    def energy(self, z):
+        return self.system.structure.evaluate(self.system.hamiltonian, z).reshape(())
 
-    def momenta(self, s):
-        """J = ω ∂H/∂m, a list of k scalars."""
-        _, rows = self.form_entries(s)
-        v = self.velocity(s)
-        return [sdot_sparse(v, row) for row in rows]
+    def integrals(self, z):
+        return self.system.structure.evaluate(self.system.integral_values, z)
 
-    def matrix(self, s):
-        """C_ab = ⟨∂J_a/∂m, ω_b⟩ as nested lists (column b: derivative of J along ω_b in m)."""
-        _, rows = self.form_entries(s)
-        cols = [directional(self.momenta, tuple(s), self.nc, row)[1] for row in rows]
-        k = len(rows)
-        return [[cols[b][a] for b in range(k)] for a in range(k)]
+    def forms(self, z):
+        """ω as a (k, d) array (of the configuration on "pair" layouts, of the state else)."""
+        w = jnp.asarray(self.system.nonholonomic(z[0] if self.kind == "pair" else z))
+        return w[None, :] if w.ndim == 1 else w
 
-    def core(self, s):
-        """(J, C⁻¹, μ = C⁻¹J) at s; C⁻¹ is formed once (one reciprocal)."""
-        j = self.momenta(s)
-        c_inv = inverse(self.matrix(s))
-        mu = matvec(c_inv, j)
-        return j, c_inv, mu
+    def velocity(self, z):
+        """v = ∂H/∂m (one reverse pass in the momentum)."""
+        kind = self.kind
+        return jax.grad(lambda m: self.energy(_with_momentum(kind, z, m)))(_momentum(kind, z))
 
-    def extended(self, s):
-        """H_ext = H − ½ JᵀC⁻¹J."""
-        j, _, mu = self.core(s)
-        return self.energy(s) - 0.5 * sdot(j, mu).reshape(())
+    def momenta(self, z):
+        """J = ω ∂H/∂m, shape (k,)."""
+        return self.forms(z) @ self.velocity(z)
 
-    def direction(self, s, coeffs):
-        """u = ωᵀc in the momentum (entries None where structurally zero)."""
-        _, rows = self.form_entries(s)
-        return [sdot_sparse(coeffs, [row[i] for row in rows]) for i in range(len(s) - self.nc)]
+    def matrix(self, z, w=None):
+        """C_ab = ⟨∂J_a/∂m, ω_b⟩: the derivatives of J along the rows of ω in the momentum,
+        one jvp vmapped over the rows (row b of the result holds ∂J/∂m·ω_b, so C is its
+        transpose)."""
+        kind = self.kind
+        w = self.forms(z) if w is None else w
+        j_of_m = lambda m: self.momenta(_with_momentum(kind, z, m))
+        m = _momentum(kind, z)
+        return jax.vmap(lambda u: jax.jvp(j_of_m, (m,), (u,))[1])(w).T
 
-    @property
-    def forms_fixed(self) -> bool:
-        """True when ω does not depend on the momentum (always on pair layouts)."""
-        return self.kind == "pair" or self._forms_constant
+    def extended(self, z):
+        """(H_ext, (J, C)) with H_ext = H − ½ JᵀC⁻¹J."""
+        j, c = self.momenta(z), self.matrix(z)
+        return self.energy(z) - 0.5 * jnp.dot(j, small_solve(c, j)), (j, c)
 
-    def weighted_momenta(self, s, coeffs):
-        """c·J(s). With ω independent of m this is the derivative of H along u = ωᵀc."""
-        if self.forms_fixed:
-            u = self.direction(s, coeffs)
-            if all(x is None for x in u):
-                return jnp.zeros_like(s[0])
-            return directional(self.energy, tuple(s), self.nc, u)[1].reshape(1)
-        return sdot(coeffs, self.momenta(s))
+    def quantities(self, z):
+        """(F = (J, H_ext, integrals), (J, C))."""
+        h_ext, (j, c) = self.extended(z)
+        pieces = [j, h_ext[None]]
+        if self.system.integrals:
+            pieces.append(self.integrals(z))
+        return jnp.concatenate(pieces), (j, c)
 
-    def half_quadratic(self, s, mu):
-        """½ μᵀC(s)μ with μ fixed: the derivative of μ·J along u = ωᵀμ in m (with ω
-        independent of m: the second derivative of H along u)."""
-        u = self.direction(s, mu)
-        if all(x is None for x in u):
-            return jnp.zeros_like(s[0])
-        if self.forms_fixed:
-            inner = lambda ss: directional(self.energy, ss, self.nc, u)[1]
-        else:
-            inner = lambda ss: sdot(mu, self.momenta(ss))
-        return 0.5 * directional(inner, tuple(s), self.nc, u)[1].reshape(1)
+    def field(self, z, weights=None, embedding_gain=None):
+        """X_Hext + (0, ωᵀλ), λ, and ∇V for the feedback term (None without `weights`).
 
-    def field(self, s, z, weights=None, extra=None):
-        """The extended field at the state z (scalars s), with shared first derivatives.
+        J and C at z give C⁻¹ (one `small_solve` against the identity: one reciprocal for
+        k = 1) and μ = C⁻¹J. F = (J, H_ext[, integrals, ¼‖D‖²]) is differentiated as a
+        whole: ∇H_ext is its row H_ext and ∇V = DFᵀ(w, k₀) with w = `weights(F)` =
+        K(F − F₀). λ = −C⁻¹ DJ·X_Hext is one jvp of J.
 
-        With μ = C⁻¹J frozen, H_ext = H − μ·J + ½μᵀCμ at this point and its gradient is
-        ∇H − (∇J)ᵀμ + ½μᵀ(∇C)μ (no derivative of the solve). One forward-mode pass per
-        state entry s_i differentiates (H, μ·J, ½μᵀCμ, w·J, extra(s)); `weights` w and
-        `extra` serve the feedback term. {J, H_ext} = DJ·X_Hext is one more forward pass.
+        Two choices, measured (knife edge, scalar operations left by the simplification
+        pass with the system's parameters traced, as inside `geomjax.integrate`):
 
-        Returns (X_Hext, H_ext, J, λ, ∇H_ext, ∂(w·J)/∂s_i, ∂extra/∂s_i, weights), the
-        middle three as lists over the state entries i (None where structurally zero).
+        - H_ext enters F as H − μ·J + ½μᵀCμ with μ held fixed (`frozen_extended`): the
+          same value and gradient at z, and the same function of the state (μ is
+          recomputed from it), so derivatives of the field stay exact; no derivative of
+          the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
+          H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
+          `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
+          extra divisions each became a separate XLA kernel. (Scalar-by-scalar
+          derivation before: 53 ops / 4 divisions, 5.1 ms.)
+        - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
+          expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
+          primal and more cancels (with constant parameters, field/feedback 25/56 ops
+          against 37/90 in reverse mode). Larger states take one reverse pass vmapped
+          over the cotangents e_Hext and (w, k₀).
         """
-        s = tuple(s)
-        j, c_inv, mu = self.core(s)
-        h_ext = self.energy(s) - 0.5 * sdot(j, mu).reshape(())
-        if weights is not None:
-            weights = weights(j, h_ext)
-            w_j = weights[0]
+        s = self.system.structure
+        with_defect = weights is not None and embedding_gain is not None
+        j, c = self.momenta(z), self.matrix(z)
+        k = j.shape[0]
+        c_inv = small_solve(c, np.eye(k, dtype=j.dtype))
+        mu = c_inv @ j
 
-        def terms(ss):
-            out = [self.energy(ss).reshape(1), self.weighted_momenta(ss, mu), self.half_quadratic(ss, mu)]
+        def outputs(w):
+            pieces = [self.momenta(w), self.frozen_extended(w, mu)[None]]
+            if weights is not None and self.system.integrals:
+                pieces.append(self.integrals(w))
+            if with_defect:
+                d = s.embedding_defect(w[0]).reshape(-1)
+                pieces.append((0.25 * jnp.dot(d, d))[None])
+            return jnp.concatenate(pieces)
+
+        def combined(w):
+            return jnp.concatenate([w, jnp.atleast_1d(embedding_gain).astype(w.dtype)]) if with_defect else w
+
+        size = sum(leaf.size for leaf in jax.tree_util.tree_leaves(z))
+        if size <= MAX_INPUTS:
+            f = outputs(z)
+            jac = jax.jacfwd(outputs)(z)
+            grad_h = jax.tree_util.tree_map(lambda g: g[k], jac)
+            grad_v = None
             if weights is not None:
-                out.append(self.weighted_momenta(ss, w_j))
-            if extra is not None:
-                out = out + list(extra(ss))
-            return out
+                w = combined(weights(f[: f.shape[0] - with_defect]))
+                grad_v = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, g, axes=1), jac)
+        else:
+            f, f_vjp = jax.vjp(outputs, z)
+            # numpy: a literal unit cotangent that XLA can fold.
+            e_h = np.zeros(f.shape, f.dtype)
+            e_h[k] = 1.0
+            grad_v = None
+            if weights is None:
+                grad_h = f_vjp(jnp.asarray(e_h))[0]
+            else:
+                w = combined(weights(f[: f.shape[0] - with_defect]))
+                both = jax.vmap(lambda e: f_vjp(e)[0])(jnp.stack([jnp.asarray(e_h), w]))
+                grad_h = jax.tree_util.tree_map(lambda g: g[0], both)
+                grad_v = jax.tree_util.tree_map(lambda g: g[1], both)
+        x_h = s.apply(z, grad_h)
+        _, j_dot = jax.jvp(self.momenta, (z,), (x_h,))
+        lam = -(c_inv @ j_dot)
+        force = lam @ self.forms(z)
+        m_dot = _momentum(self.kind, x_h) + force.reshape(_momentum(self.kind, x_h).shape)
+        return _with_momentum(self.kind, x_h, m_dot), lam, grad_v
 
-        table = sparse_partials(terms, s)
-        zero = jnp.zeros_like(s[0])
-        grad = [sdot_sparse([1.0, -1.0, 1.0], row[:3]) for row in table]
-        x_h = self.structure.apply(z, self.implode(tuple(zero if g is None else g for g in grad)))
-        _, j_dot = jax.jvp(self.momenta, (s,), (self.explode(x_h),))
-        lam = [-x for x in matvec(c_inv, j_dot)]
-        n0 = 3 + (weights is not None)
-        return (
-            x_h,
-            h_ext,
-            j,
-            lam,
-            grad,
-            [row[3] for row in table] if weights is not None else None,
-            [row[n0:] for row in table],
-            weights,
-        )
-
-    def add_force(self, s, x_h, lam):
-        """ẋ = X_Hext + (0, ωᵀλ), the force added entry by entry (skipping structural zeros)."""
-        _, rows = self.form_entries(s)
-        m_dot = x_h[1] if self.kind == "pair" else x_h
-        entries = scalars(m_dot)
-        for i in range(len(entries)):
-            f = sdot_sparse(lam, [row[i] for row in rows])
-            if f is not None:
-                entries[i] = entries[i] + f
-        m_dot = jnp.concatenate(entries).reshape(m_dot.shape)
-        return (x_h[0], m_dot) if self.kind == "pair" else m_dot
+    def frozen_extended(self, w, mu):
+        """H − μ·J + ½μᵀCμ at the state w for a given μ: H_ext with the same gradient
+        where μ = C⁻¹J (∂/∂μ of it vanishes there). ½μᵀCμ is one jvp of μ·J along ωᵀμ."""
+        kind = self.kind
+        mu_j = lambda m: jnp.dot(mu, self.momenta(_with_momentum(kind, w, m)))
+        u = (mu @ self.forms(w)).reshape(_momentum(kind, w).shape)
+        weighted, c_mu_mu = jax.jvp(mu_j, (_momentum(kind, w),), (u,))
+        return self.energy(w) - weighted + 0.5 * c_mu_mu
 
 
-def _at(system, x):
-    """(_Parts, scalars, pieces) at a flat state."""
-    z = system.structure.split(jnp.asarray(x))
-    parts = _Parts(system, z)
-    return parts, parts.explode(z), z
-
-
-def _matrix_array(c):
-    return jnp.concatenate([jnp.concatenate(row) for row in c]).reshape(len(c), len(c))
+def _split(system, x):
+    return system.structure.split(jnp.asarray(x))
 
 
 @eqx.filter_jit
 def _matrix_at(system, x):
-    parts, s, _ = _at(system, x)
-    return _matrix_array(parts.matrix(s))
+    return _Derivation(system).matrix(_split(system, x))
 
 
 def _check_matrix_at(system, x0) -> None:
@@ -354,30 +275,23 @@ class NonholonomicField(SystemField):
         _check_matrix_at(self.system, x0)
 
     def vector(self, z):
-        parts = _Parts(self.system, z)
-        s = parts.explode(z)
-        x_h, _, _, lam, *_ = parts.field(s, z)
-        return parts.add_force(s, x_h, lam)
+        return _Derivation(self.system).field(z)[0]
 
     def momenta(self, x):
         """J(x) = ω ∂H/∂m, shape (k,)."""
-        parts, s, _ = _at(self.system, x)
-        return jnp.concatenate(parts.momenta(s))
+        return _Derivation(self.system).momenta(_split(self.system, x))
 
     def matrix(self, x):
         """C(x), shape (k, k)."""
-        parts, s, _ = _at(self.system, x)
-        return _matrix_array(parts.matrix(s))
+        return _Derivation(self.system).matrix(_split(self.system, x))
 
     def extended_hamiltonian(self, x):
         """H_ext(x) = H − ½ JᵀC⁻¹J."""
-        parts, s, _ = _at(self.system, x)
-        return parts.extended(s)
+        return _Derivation(self.system).extended(_split(self.system, x))[0]
 
     def multipliers(self, x):
         """λ(x) = −C⁻¹{J, H_ext}, shape (k,)."""
-        parts, s, z = _at(self.system, x)
-        return jnp.concatenate(parts.field(s, z)[3])
+        return _Derivation(self.system).field(_split(self.system, x))[1]
 
     def quantities(self, x):
         """F(x) = (J, H_ext, integrals), the quantities the feedback field stabilises."""
@@ -436,13 +350,7 @@ def nonholonomic_quantities(system: System, x):
     ```
     """
     _require(system)
-    parts, s, _ = _at(system, x)
-    j, _, mu = parts.core(s)
-    h_ext = parts.energy(s) - 0.5 * sdot(j, mu).reshape(())
-    pieces = list(j) + [jnp.atleast_1d(h_ext)]
-    if system.integrals:
-        pieces.append(parts.integrals(s))
-    return jnp.concatenate(pieces)
+    return _Derivation(system).quantities(_split(system, x))[0]
 
 
 def embedding_defect(system: System, x):
@@ -484,17 +392,12 @@ def project_nonholonomic(system: System, x):
     ```
     """
     _require(system)
-    parts, s, z = _at(system, x)
-    mu = solve(parts.matrix(s), parts.momenta(s))
-    w = parts.forms(s)
-    shift = mu[0] * w[0]
-    for a in range(1, w.shape[0]):
-        shift = shift + mu[a] * w[a]
-    if parts.kind == "pair":
-        z = (z[0], z[1] - shift)
-    else:
-        z = z - shift
-    return system.structure.merge(z)
+    d = _Derivation(system)
+    z = _split(system, x)
+    w = d.forms(z)
+    shift = small_solve(d.matrix(z, w), d.momenta(z)) @ w
+    m = _momentum(d.kind, z)
+    return system.structure.merge(_with_momentum(d.kind, z, m - shift.reshape(m.shape)))
 
 
 # --------------------------------------------------------------------------------------
@@ -533,48 +436,9 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
 
     def vector(self, z):
         self._require_target()
-        parts = _Parts(self.system, z)
-        s = parts.explode(z)
-        k0 = self.embedding_gain
-        with_int = bool(self.system.integrals)
-
-        def extra(ss):
-            out = list(scalars(parts.integrals(ss))) if with_int else []
-            if k0 is not None:
-                d = parts.defect(ss)
-                out.append(0.25 * jnp.sum(d * d).reshape(1))
-            return out
-
-        n_int = self.target.shape[0] - parts.forms(s).shape[0] - 1
-
-        def weights(j, h_ext):
-            pieces = list(j) + [jnp.atleast_1d(h_ext)]
-            if n_int:
-                pieces.append(parts.integrals(s))
-            w = self._weights(jnp.concatenate(pieces) - self.target)
-            w_s = scalars(w)
-            return w_s[: len(j)], w_s[len(j)], w_s[len(j) + 1 :]
-
-        use_extra = with_int or k0 is not None
-        x_h, h_ext, j, lam, grad_h, jac_wj, jac_extra, (w_j, w_h, w_i) = parts.field(
-            s, z, weights, extra if use_extra else None
-        )
-        ydot = parts.add_force(s, x_h, lam)
-        # ∇V = ∇(w_J·J) + w_H ∇H_ext + Σ w_I ∇I + k₀ ∇(¼‖D‖²), from the shared partials.
-        coeffs = list(w_i) + ([k0] if k0 is not None else [])
-        grad_v = []
-        zero = jnp.zeros_like(s[0])
-        for i in range(len(grad_h)):
-            parts_i = [w_h * grad_h[i]] if grad_h[i] is not None else []
-            if jac_wj[i] is not None:
-                parts_i.append(jac_wj[i])
-            if use_extra:
-                more = sdot_sparse(coeffs, jac_extra[i])
-                if more is not None:
-                    parts_i.append(more)
-            grad_v.append(sum(parts_i[1:], parts_i[0]) if parts_i else zero)
-        grad_v = parts.implode(tuple(grad_v))
-        return jax.tree_util.tree_map(jnp.subtract, ydot, self._apply_metric(z, grad_v))
+        weights = lambda f: self._weights(f - self.target)
+        y, _, grad_v = _Derivation(self.system).field(z, weights, self.embedding_gain)
+        return jax.tree_util.tree_map(jnp.subtract, y, self._apply_metric(z, grad_v))
 
 
 def _constraint_count(system) -> int:

@@ -74,33 +74,6 @@ def small_solve(a, b):
     return sol
 
 
-_UNROLL = 8
-
-
-def short_dot(u, v):
-    """Inner product of two short vectors, written out (a `dot` on tiny shapes does not
-    fuse on the CPU)."""
-    if u.shape[0] <= _UNROLL:
-        acc = u[0] * v[0]
-        for i in range(1, u.shape[0]):
-            acc = acc + u[i] * v[i]
-        return acc
-    return jnp.sum(u * v)
-
-
-def rows_dot(w, v):
-    """`w @ v` for a `(k, d)` array w, as k written-out inner products."""
-    return jnp.stack([short_dot(w[a], v) for a in range(w.shape[0])])
-
-
-def combine_rows(w, coeffs):
-    """Σ_a coeffs_a w_a, the rows of a `(k, d)` array weighted by k coefficients (ωᵀλ)."""
-    acc = coeffs[0] * w[0]
-    for a in range(1, w.shape[0]):
-        acc = acc + coeffs[a] * w[a]
-    return acc
-
-
 def tridiagonal_solve(dl, d, du, b):
     """Solve `T x = b` for the tridiagonal T with sub-diagonal `dl` (dl[0] = 0), diagonal
     `d` and super-diagonal `du` (du[-1] = 0), `b` of shape `(k,)`.

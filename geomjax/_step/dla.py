@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 
 from .._solve.newton import Newton, as_newton
-from .._solve.linalg import combine_rows as _combine_rows, rows_dot as _rows_dot
 from .base import SystemStep, newton_status
 from .._system.structures import CanonicalStructure
 from .._system.system import NonholonomicSystem, System
@@ -59,12 +58,15 @@ class DiscreteLagrangeDAlembert(SystemStep):
         w_half = self._forms(q_half)
         k = w_half.shape[0]
 
+        # ωᵀλ and ω·v as elementwise products and sums: DLA steps of the knife edge and
+        # the nonholonomic oscillator take 2.72–2.78 µs this way, as with the former
+        # written-out helpers, and 2.92 µs with `@` (a dot that does not fuse on the CPU).
         def residual(u):
             q1, p1, lam = u
-            r_p = p1 - p0 + half * (kick0 + h_q(q_half, p1)) - _combine_rows(w_half, lam)
+            r_p = p1 - p0 + half * (kick0 + h_q(q_half, p1)) - jnp.sum(lam[:, None] * w_half, axis=0)
             v1 = h_p(q1, p1)
             r_q = q1 - q_half - half * v1
-            r_c = _rows_dot(self._forms(q1), v1)
+            r_c = jnp.sum(self._forms(q1) * v1, axis=1)
             return (r_q, r_p, r_c)
 
         p_guess = p0 - h * kick0
