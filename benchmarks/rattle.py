@@ -48,7 +48,7 @@ FIXED = 2
 def derived_step(newton=None):
     model = geomjax.models.spherical_pendulum(holonomic=True)
     step = geomjax.rattle(model.system, newton=newton)
-    return lambda q, p: step.advance((q, p), H)[0]
+    return lambda q, p: step.advance(0.0, (q, p), H, None)[0]
 
 
 def _velocity_projection(q1, p_half):

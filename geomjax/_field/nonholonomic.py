@@ -43,7 +43,6 @@ from .._monitored import START_TOL, check_on_constraint_set
 from .base import SystemField
 from ..internal.simplify import MAX_INPUTS
 from .._solve.linalg import small_solve
-from .._system.structures import CanonicalStructure, LiePoissonSE2, LiePoissonSO3
 from .._system.system import System
 from .._validate import is_concrete, require_invertible
 
@@ -54,11 +53,7 @@ from .._validate import is_concrete, require_invertible
 def nonholonomic_layout(structure) -> str | None:
     """`"pair"` when pieces are (configuration, momentum), `"momentum"` when the whole state
     is the momentum (Lie–Poisson spaces), None when the structure does not say."""
-    if isinstance(structure, CanonicalStructure):
-        return "pair"
-    if isinstance(structure, (LiePoissonSO3, LiePoissonSE2)):
-        return "momentum"
-    return getattr(structure, "nonholonomic_layout", None)
+    return structure.nonholonomic_layout
 
 
 def check_nonholonomic_system(system: System, omega) -> None:
@@ -110,7 +105,7 @@ class _Derivation(eqx.Module):
 
     @property
     def embedded(self) -> bool:
-        return self.kind == "pair" and hasattr(self.system.structure, "embedding_defect")
+        return self.kind == "pair" and self.system.structure.embedded
 
     def energy(self, z):
         return self.system.structure.evaluate(self.system.hamiltonian, z).reshape(())
@@ -366,10 +361,7 @@ def embedding_defect(system: System, x):
     geomjax.embedding_defect(model.system, model.x0)  # 0.0 at the start
     ```
     """
-    s = system.structure
-    if not hasattr(s, "embedding_defect"):
-        return jnp.zeros((), jnp.asarray(x).dtype)
-    d = s.embedding_defect(s.split(jnp.asarray(x))[0])
+    d = system.structure.embedding_residual(jnp.asarray(x))
     return jnp.sqrt(jnp.sum(d * d))
 
 
@@ -465,7 +457,7 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, targe
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
-    embedded = nonholonomic_layout(system.structure) == "pair" and hasattr(system.structure, "embedding_defect")
+    embedded = nonholonomic_layout(system.structure) == "pair" and system.structure.embedded
     if x0 is not None and is_concrete(x0):
         _check_matrix_at(system, x0)
         check_on_constraint_set(system, x0, START_TOL)

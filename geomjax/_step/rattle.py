@@ -30,7 +30,6 @@ class _Mechanics(eqx.Module):
     system: System
 
     def energy(self, q, p):
-        # `evaluate` reads the user's slices x[:n], x[n:] straight from the pieces.
         return self.system.structure.evaluate(self.system.hamiltonian, (q, p))
 
     def dh_dq(self, q, p):

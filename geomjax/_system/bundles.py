@@ -42,6 +42,7 @@ class LeftTrivialisedSO3(AbstractPoissonStructure):
     """
 
     nonholonomic_layout = "pair"
+    embedded = True
 
     @property
     def dim(self):
@@ -80,6 +81,7 @@ class LeftTrivialisedSE2(AbstractPoissonStructure):
 
     shape: int = eqx.field(static=True, default=0)
     nonholonomic_layout = "pair"
+    embedded = True
 
     @property
     def dim(self):

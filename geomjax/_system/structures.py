@@ -26,6 +26,9 @@ class AbstractPoissonStructure(eqx.Module):
     #: "pair" for pieces (configuration, momentum), "momentum" when the whole state is a
     #: momentum (Lie–Poisson spaces), None when the structure does not say.
     nonholonomic_layout = None
+    #: True for structures embedded in a Euclidean space (a rotation matrix in R^{3×3},
+    #: an angle as (cos θ, sin θ)), whose `embedding_residual` vanishes on the group.
+    embedded = False
 
     @abc.abstractmethod
     def split(self, x):

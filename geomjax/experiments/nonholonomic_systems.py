@@ -189,7 +189,7 @@ def monitored(model, xs) -> tuple[list[str], np.ndarray]:
     for j, q in enumerate(model.quantity_names[k + 1 : k + 1 + f.shape[1] - k - 1]):
         names.append(q)
         cols.append(np.abs(f[:, k + 1 + j] - f0[k + 1 + j]))
-    if hasattr(system.structure, "embedding_defect"):
+    if system.structure.embedded:
         names.append("embedding")
         cols.append(np.asarray(jax.jit(jax.vmap(lambda x: geomjax.embedding_defect(system, x)))(xs)))
     return names, np.stack(cols, axis=1)
