@@ -12,6 +12,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax.numpy as jnp
 
+from ..internal.pieces import evaluate_on_pieces
 
 
 class AbstractPoissonStructure(eqx.Module):
@@ -45,14 +46,13 @@ class AbstractPoissonStructure(eqx.Module):
     def evaluate(self, fn, z):
         """`fn(merge(z))`: a function of the flat state, evaluated at a state in pieces.
 
-        Plainly: the simplification pass sees through the concatenate and the user's
-        slices. A jaxpr interpreter that read the slices straight from the pieces (formerly
-        `geomjax.internal.pieces`) measured the same with and without it (2 shared CPU
-        cores): spherical-pendulum feedback field (`benchmarks/derived_vs_hand.py`) 0.84–
-        0.86× hand single, 1.20–1.21× vmap with it, 0.81–0.84× / 1.17–1.18× without;
-        knife edge (`benchmarks/nonholonomic_vs_hand.py`) 1.18–1.20× / 1.03–1.05× with,
-        1.22–1.24× / 1.07–1.09× without; DLA Newton steps (not simplified) 2.66–2.77 µs
-        per step either way.
+        `CanonicalStructure` evaluates it with `geomjax.internal.pieces`, a jaxpr
+        interpreter that reads the user's slices x[:n], x[n:] straight from (q, p), so
+        reverse-mode autodiff creates no `pad`s. Derived fields do not need it (the
+        simplification pass sees through the concatenate), but steps that differentiate H
+        inside a Newton iteration do: RATTLE on the spherical pendulum
+        (`benchmarks/rattle.py`, 2-core CPU) ran at 130 ns/step without it and 55 ns/step
+        with it (hand-written Newton RATTLE 56 ns/step).
         """
         return fn(self.merge(z))
 
@@ -90,6 +90,9 @@ class CanonicalStructure(AbstractPoissonStructure):
 
     def merge(self, z):
         return jnp.concatenate(z)
+
+    def evaluate(self, fn, z):
+        return evaluate_on_pieces(fn, z)
 
     def apply(self, z, grad):
         gq, gp = grad
