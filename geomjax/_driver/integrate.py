@@ -83,13 +83,8 @@ def _compiled_call(program, options: tuple, *trees):
     return eqx.combine(out, out_static[0]) if out_static else out
 
 
-def _all_finite(z):
-    """True if every entry of the state is finite.
-
-    A sum is non-finite exactly when some term is NaN or ±inf (inf − inf gives NaN), so one
-    scalar test suffices; small pieces are summed as written-out scalars, which XLA fuses
-    into the step instead of launching a reduction per step.
-    """
+def _state_sum(z):
+    """The sum of every entry of the state; small pieces as written-out scalars."""
     total = None
     for leaf in jax.tree_util.tree_leaves(z):
         flat = leaf.reshape(-1)
@@ -100,7 +95,17 @@ def _all_finite(z):
         else:
             part = jnp.sum(flat)
         total = part if total is None else total + part
-    return jnp.isfinite(total)
+    return total
+
+
+def _all_finite(z):
+    """True if every entry of the state is finite.
+
+    A sum is non-finite exactly when some term is NaN or ±inf (inf − inf gives NaN), so one
+    scalar test suffices; small pieces are summed as written-out scalars, which XLA fuses
+    into the step instead of launching a reduction per step.
+    """
+    return jnp.isfinite(_state_sum(z))
 
 
 def _code(member) -> int:
@@ -223,17 +228,7 @@ def _finite_mark(z):
     """0.0 if every entry of `z` is finite, else NaN (0·x is 0 for finite x, NaN for
     ±inf and NaN); small pieces are summed as written-out scalars, which XLA fuses into
     the step."""
-    total = None
-    for leaf in jax.tree_util.tree_leaves(z):
-        flat = leaf.reshape(-1)
-        if flat.shape[0] <= 8:
-            part = flat[0]
-            for i in range(1, flat.shape[0]):
-                part = part + flat[i]
-        else:
-            part = jnp.sum(flat)
-        total = part if total is None else total + part
-    return 0.0 * total
+    return 0.0 * _state_sum(z)
 
 
 def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
