@@ -222,6 +222,11 @@ class FeedbackField(AbstractFeedbackField):
         return jax.tree_util.tree_map(jnp.subtract, x, self._apply_metric(z, grad_v))
 
 
+# One compiled call, cached per system: evaluated op by op, F(x0) dispatched dozens of
+# small compilations in a fresh process (0.47 s of 2.0 s to the first result; 0.16 s so).
+_conserved_quantities = eqx.filter_jit(lambda system, x: system.conserved_quantities(x))
+
+
 def resolve_target(system, x0, target, target_at):
     """`(x0, target, pinned, m)` for a feedback field: x0 checked (or None); the pinned
     target if one was given, else F(x0) (or None without x0); m the length of F."""
@@ -308,7 +313,7 @@ def feedback_field(
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
     if gains is None:
         raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
-    x0, target, pinned, m = resolve_target(system, x0, target, system.conserved_quantities)
+    x0, target, pinned, m = resolve_target(system, x0, target, lambda x: _conserved_quantities(system, x))
     if x0 is not None and is_concrete(x0):
         check_constraint_matrix(system, x0)
         check_on_constraint_set(system, x0, START_TOL)
