@@ -69,6 +69,19 @@ class AbstractMonitored(eqx.Module):
         return empty_like_state(x)
 
 
+class AbstractSystemMonitored(AbstractMonitored):
+    """Fields and steps built from a system monitor what the system keeps: its constraint
+    residuals and its first integrals."""
+
+    system: eqx.AbstractVar[object]
+
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
+
+
 @eqx.filter_jit
 def _residuals(monitored, x0):
     return monitored.constraint_residuals(x0)

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._monitored import AbstractMonitored
+from .._monitored import AbstractMonitored, AbstractSystemMonitored
 from .._validate import _TRACE_ERRORS, untraceable_message
 from ..internal.simplify import scalar_graph
 
@@ -29,7 +29,7 @@ class AbstractField(AbstractMonitored):
         return self.merge(self.rhs(t, self.split(x), args))
 
 
-class SystemField(AbstractField):
+class SystemField(AbstractSystemMonitored, AbstractField):
     """Base of fields derived from a `geomjax.System`: pieces come from its structure.
 
     Subclasses give `vector(z)`, the field as derived by autodiff; `rhs` evaluates it
@@ -57,12 +57,6 @@ class SystemField(AbstractField):
     @property
     def dim(self):
         return self.system.dim
-
-    def constraint_residuals(self, x):
-        return self.system.constraint_residuals(x)
-
-    def invariants(self, x):
-        return self.system.invariants(x)
 
 
 def _check_returns_state(fn, x, what: str, call: str, hint: str):

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._monitored import AbstractMonitored
+from .._monitored import AbstractMonitored, AbstractSystemMonitored
 from .._status import RESULTS
 from .._validate import _TRACE_ERRORS, untraceable_message
 
@@ -117,7 +117,7 @@ class StructureStep(AbstractStep):
         return self.structure.dim
 
 
-class SystemStep(StructureStep):
+class SystemStep(AbstractSystemMonitored, StructureStep):
     """Base of steps built from a `geomjax.System`: pieces and monitored quantities come
     from the system."""
 
@@ -126,12 +126,6 @@ class SystemStep(StructureStep):
     @property
     def structure(self):
         return self.system.structure
-
-    def constraint_residuals(self, x):
-        return self.system.constraint_residuals(x)
-
-    def invariants(self, x):
-        return self.system.invariants(x)
 
 
 class FieldStep(AbstractStep):

@@ -9,10 +9,11 @@ from .rattle import _Mechanics
 from .splitting import _same_layout
 from .._status import where_first
 from .base import AbstractStep, newton_status
+from .._monitored import AbstractSystemMonitored
 from .._system.system import ConstrainedSystem, HolonomicSystem, System
 
 
-class Projected(AbstractStep):
+class Projected(AbstractSystemMonitored, AbstractStep):
     """A step followed by projection onto S; see `geomjax.project`."""
 
     step: AbstractStep
@@ -35,12 +36,6 @@ class Projected(AbstractStep):
 
     def at_start(self, z0):
         return eqx.tree_at(lambda s: s.step, self, self.step.at_start(z0))
-
-    def constraint_residuals(self, x):
-        return self.system.constraint_residuals(x)
-
-    def invariants(self, x):
-        return self.system.invariants(x)
 
     def _solve(self, fn, guess):
         return self.newton.solve(fn, guess)
