@@ -7,7 +7,6 @@ methods preserve to round-off are lost in float32.
 from . import _config  # noqa: F401  (enables float64 first)
 from . import models as models
 from ._system.bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
-from ._driver.diffrax_adapter import StepSolver as StepSolver
 from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
 from ._field.feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
 from ._field.base import AbstractField as AbstractField, TimeField as TimeField
@@ -71,3 +70,17 @@ from ._step.projection import project as project
 from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `StepSolver` subclasses a diffrax class: diffrax is imported on first use, not with
+    # geomjax (it is a third of geomjax's import time).
+    if name == "StepSolver":
+        from ._driver.diffrax_adapter import StepSolver
+
+        return StepSolver
+    raise AttributeError(f"module 'geomjax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + ["StepSolver"])

@@ -1,10 +1,65 @@
-"""Numerical configuration applied when geomjax is imported.
+"""Numerical and compiler configuration applied when geomjax is imported.
 
-geomjax switches JAX to 64-bit floats (``jax_enable_x64``) on import: the invariants that
-structure-preserving methods keep to round-off are lost at float32 precision. Import
-geomjax before creating any array that should be float64.
+- 64-bit floats: geomjax switches JAX to float64 (``jax_enable_x64``) on import: the
+  invariants that structure-preserving methods keep to round-off are lost at float32
+  precision. Import geomjax before creating any array that should be float64.
+
+- Small loops as one kernel on the CPU: XLA's CPU runtime compiles a `while` loop into a
+  single function when the bytes its body touches stay under a threshold (1 KiB by
+  default), and otherwise launches every fused kernel of the body separately, at some
+  tens of nanoseconds each, on every iteration. The loops of one trajectory of a small
+  mechanical system sit just around 1 KiB: a field with a few more parameters, a loop
+  that saves every step, or the backward loop of reverse mode crosses it, and then runs
+  10–25× slower (measured on the spherical pendulum's feedback field, explicit Euler:
+  reverse mode 48× → 4.6× the forward run; a run saving every step 6.2 → 0.55 ms per
+  10⁴ steps; `benchmarks/gradients.py`). geomjax raises the threshold to
+  `SMALL_LOOP_BYTES` by adding ``xla_cpu_small_while_loop_byte_threshold`` to the
+  ``XLA_FLAGS`` environment variable, which XLA reads when its CPU backend starts: so
+  it takes effect only if geomjax is imported before JAX first computes anything. A
+  threshold already present in ``XLA_FLAGS`` is left as it is, and setting
+  ``GEOMJAX_XLA_FLAGS=0`` leaves ``XLA_FLAGS`` untouched. Batched loops (``vmap`` over
+  many states) touch more bytes than the threshold and run as before.
 """
 
+import os
+
 import jax
+
+#: The loop size (bytes touched by one iteration) below which XLA's CPU backend compiles
+#: a loop into one function, as geomjax sets it.
+SMALL_LOOP_BYTES = 65536
+
+_THRESHOLD_OPTION = "xla_cpu_small_while_loop_byte_threshold"
+_EXTRA_OPTIONS_FLAG = "--xla_backend_extra_options="
+
+
+def with_small_loop_threshold(flags: str, threshold: int = SMALL_LOOP_BYTES) -> str:
+    """`XLA_FLAGS` with the small-loop threshold added (merged into an existing
+    ``--xla_backend_extra_options``, whose last occurrence is the one XLA keeps).
+
+    Example:
+
+    ```python
+    >>> from geomjax._config import with_small_loop_threshold
+    >>> with_small_loop_threshold("--xla_dump_to=/tmp", 4096)
+    '--xla_dump_to=/tmp --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=4096'
+    >>> with_small_loop_threshold("--xla_backend_extra_options=a=1", 4096)
+    '--xla_backend_extra_options=a=1,xla_cpu_small_while_loop_byte_threshold=4096'
+
+    ```
+    """
+    if _THRESHOLD_OPTION in flags:
+        return flags
+    option = f"{_THRESHOLD_OPTION}={threshold}"
+    parts = flags.split()
+    for i in reversed(range(len(parts))):
+        if parts[i].startswith(_EXTRA_OPTIONS_FLAG):
+            parts[i] = f"{parts[i]},{option}"
+            return " ".join(parts)
+    return " ".join(parts + [_EXTRA_OPTIONS_FLAG + option])
+
+
+if os.environ.get("GEOMJAX_XLA_FLAGS", "1") != "0":
+    os.environ["XLA_FLAGS"] = with_small_loop_threshold(os.environ.get("XLA_FLAGS", ""))
 
 jax.config.update("jax_enable_x64", True)

@@ -15,7 +15,7 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
 
     Members added to optimistix's: `nonfinite_start`, `off_constraint_set`,
     `nonfinite_first_step`, `diverged`, `newton_failed`, `constraint_violation`,
-    `invariant_drift`, `solver_failed`, `step_size_collapsed`. A status is an
+    `invariant_drift`, `solver_failed`, `step_size_collapsed`, `invalid_step_size`. A status is an
     `equinox.EnumerationItem`; compare it with `==` (it works under `jit` and `vmap`), and
     read its sentence with `RESULTS[item]`.
 
@@ -70,6 +70,10 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "h·λ_max(L∇²V) < 2 (see euler_step_limit)"
     )
     solver_failed = "the diffrax solver stopped with an error"
+    invalid_step_size = (
+        "the step size dt is zero, negative or not finite (it was traced, so this could "
+        "only be checked inside the run): nothing was integrated. Pass a positive finite dt"
+    )
     step_size_collapsed = (
         "the adaptive step size collapsed: the solver rejected every step near the last "
         "accepted state, usually because the field is non-finite there"

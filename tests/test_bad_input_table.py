@@ -206,9 +206,11 @@ ROWS = [
         for dt in (0.0, -0.01, float("nan"))
     ],
     ("dt-nan-jit", "dt = NaN, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(jnp.nan)),
-     status(R.nonfinite_first_step, 1)),
-    ("dt-zero-jit", "dt = 0, inside jit (not checkable: the run does not move)", "integrate(throw=False)",
-     lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(0.0)), ACCEPTED),
+     status(R.invalid_step_size, 0)),
+    ("dt-zero-jit", "dt = 0 or −0.01, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(0.0)),
+     status(R.invalid_step_size, 0)),
+    ("dt-negative-jit", "dt = 0 or −0.01, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(-0.01)),
+     status(R.invalid_step_size, 0)),
     *[
         (f"steps-{s!r}", f"steps = {s!r}", "integrate", lambda c, s=s: run(c.dirac, c.x0, steps=s), raises(ValueError, "steps must be a positive integer"))
         for s in (0, -1, 2.5, True)

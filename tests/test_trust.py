@@ -201,6 +201,28 @@ def test_gradients_of_a_failed_run():
     assert np.all(np.isfinite(np.asarray(g_early)))
     np.testing.assert_allclose(g_early, g_short, rtol=1e-13)
     assert np.all(np.isnan(np.asarray(sol.xs[6:])))
+    # A loss that reads a save after the failure has a NaN gradient (flagged), in
+    # reverse and in forward mode; one that reads only earlier saves stays finite.
+    late = lambda x: run(x, 10).xs[8].sum()  # noqa: E731
+    assert np.all(np.isnan(np.asarray(jax.grad(late)(x0))))
+    assert np.all(np.isnan(np.asarray(jax.jacfwd(late)(x0))))
+    whole = jax.jacrev(lambda x: run(x, 10).xs)(x0)
+    assert np.all(np.isfinite(np.asarray(whole[:6])))
+    assert np.all(np.any(np.isnan(np.asarray(whole[6:])), axis=-1))
+
+
+def test_gradients_of_one_failed_vmap_member_are_flagged_alone():
+    step = _FailsLate()
+    x0s = jnp.array([[0.3, 1.1], [0.2, 0.4]])
+
+    def final(x, steps):
+        return geomjax.integrate(step, x, dt=0.1, steps=steps, throw=False).xs[-1].sum()
+
+    # steps=10 passes t = 0.5, where the step reports a failure: both members fail.
+    grads = jax.vmap(jax.grad(lambda x: final(x, 10)))(x0s)
+    assert np.all(np.isnan(np.asarray(grads)))
+    grads = jax.vmap(jax.grad(lambda x: final(x, 5)))(x0s)
+    assert np.all(np.isfinite(np.asarray(grads)))
 
 
 def test_throw_inside_jit_raises(holonomic_pendulum):
@@ -247,3 +269,19 @@ def test_convergence_order_keeps_the_small_step_points():
     errors = 1e-3 * hs**4 + 50.0 * hs**8
     fit = geomjax.diagnostics.convergence_order(hs, errors)
     assert abs(fit.order - 4.0) < 0.3
+
+
+def test_traced_zero_or_nan_step_size_is_reported_at_step_zero(pendulum):
+    """A dt that is traced (a parameter of a jitted or vmapped function) cannot be checked
+    before the run; a zero, negative or NaN one ends the run at step 0 with its own status
+    instead of standing still and reporting success."""
+    field = geomjax.dirac_field(pendulum.system)
+    run = jax.jit(
+        jax.vmap(lambda dt: geomjax.integrate(field, pendulum.x0, dt=dt, steps=4, method="rk4", throw=False))
+    )
+    sol = run(jnp.array([1e-2, 0.0, -1e-2, jnp.nan]))
+    statuses = [RESULTS.successful, RESULTS.invalid_step_size, RESULTS.invalid_step_size, RESULTS.invalid_step_size]
+    for i, expected in enumerate(statuses):
+        assert int(sol.status[i]) == int(expected._value)
+    assert "step size dt is zero" in RESULTS[RESULTS.invalid_step_size]
+    assert np.all(np.isfinite(np.asarray(sol.xs[0]))) and np.all(np.isnan(np.asarray(sol.xs[1, 1:])))

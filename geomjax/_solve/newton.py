@@ -62,6 +62,11 @@ class Newton(eqx.Module):
       out without a loop (they fuse with the rest of the step), then check the residual at
       the result. A failed check gives `converged=False`; the value is not repaired, and
       steps report `NEWTON_FAILED`.
+    - `then_loop`: with `iterations=k`, when the check after the k written-out
+      iterations fails, go on in a `lax.while_loop` (up to `max_steps` iterations in
+      all) instead of reporting the failure. The loop runs zero times when the check
+      passes, so steps keep the speed of the written-out iterations where they suffice
+      and the reach of the loop where they do not.
     - `backend`: `"unrolled"` (default) or `"optimistix"` (`optimistix.root_find` with
       `optimistix.Newton`; `iterations` must then be `None`).
 
@@ -76,6 +81,9 @@ class Newton(eqx.Module):
     >>> res = Newton(iterations=2).solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
     >>> bool(res.converged)  # two iterations from 1.0 are not enough for 1e-13
     False
+    >>> res = Newton(iterations=2, then_loop=True).solve(lambda x: x**2 - 2.0, jnp.array([1.0]))
+    >>> bool(res.converged)  # the loop finished the job
+    True
 
     ```
     """
@@ -85,6 +93,7 @@ class Newton(eqx.Module):
     max_steps: int = eqx.field(static=True, default=25)
     iterations: int | None = eqx.field(static=True, default=None)
     backend: str = eqx.field(static=True, default="unrolled")
+    then_loop: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         for name in ("rtol", "atol"):
@@ -101,6 +110,8 @@ class Newton(eqx.Module):
             raise ValueError(f"Newton iterations must be None or an integer >= 1, got {self.iterations!r}")
         if self.backend not in _BACKENDS:
             raise ValueError(f"Newton backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.then_loop and self.iterations is None:
+            raise ValueError("Newton then_loop=True continues after a fixed iterations=k: give iterations")
         if self.backend == "optimistix" and self.iterations is not None:
             raise ValueError("Newton(backend='optimistix') iterates in a loop: leave iterations=None")
 
@@ -189,10 +200,13 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian):
                 # One iteration: the update that the residual at the result would give.
                 ok = jnp.max(jnp.abs(linear_solve(jac, g(y)))) <= tol
             ok = ok & jnp.all(jnp.isfinite(y))
-            # No loop follows, not even one that runs zero times when the check passed:
-            # on the CPU that alone costs more than RATTLE's whole step (44 -> 190 ns/step,
-            # benchmarks/rattle.py), so a failed check is reported, not repaired.
             k = jnp.asarray(settings.iterations)
+            if settings.then_loop:
+                # Runs zero times when the check passed. (With XLA's CPU runtime compiling
+                # small loops into one function, see `geomjax._config`, a loop that does
+                # not run costs a few nanoseconds; without that, 44 → 190 ns per RATTLE
+                # step, benchmarks/rattle.py.)
+                y, k, ok = loop(y, k, ok)
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)
 
@@ -240,7 +254,9 @@ def as_newton(newton: Newton | None, rtol=None, atol=None, max_iter=None, *, def
 
 
 def _replace(n: Newton, **changes) -> Newton:
-    fields = dict(rtol=n.rtol, atol=n.atol, max_steps=n.max_steps, iterations=n.iterations, backend=n.backend)
+    fields = dict(
+        rtol=n.rtol, atol=n.atol, max_steps=n.max_steps, iterations=n.iterations, backend=n.backend, then_loop=n.then_loop
+    )
     fields.update(changes)
     return Newton(**fields)
 
