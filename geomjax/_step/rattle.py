@@ -152,17 +152,19 @@ class Rattle(SystemStep):
         return (q1, p1), newton_status(res.converged)
 
 
-#: Newton iterations RATTLE and SHAKE run by default (written out, then checked). Three
-#: reach round-off from ν = 0 up to h ≈ 0.1 on the spherical pendulum (two only up to
-#: h ≈ 0.01). Written out they pay: spherical pendulum, h = 1e-3 (benchmarks/rattle.py,
-#: interleaved best-of-20): 3 written out 54 ns/step, 2 written out 44, while loop ~104,
-#: optimistix.root_find ~2900; hand-written with 2 fixed iterations 31, closed form 27.
-RATTLE_ITERATIONS = 3
+#: Newton iterations RATTLE and SHAKE write out by default, before the convergence check;
+#: when the check fails a loop goes on (`Newton(then_loop=True)`). Two reach round-off from
+#: ν = 0 up to h ≈ 0.01 on the spherical pendulum; beyond, the loop finishes the solve.
+#: Spherical pendulum, h = 1e-3, interleaved best-of-7 (`benchmarks/rattle.py`), ns/step:
+#: 2 written out 44.6–44.8, 2 + loop 48.7–50.8, 3 written out 54.7; hand-written with 2
+#: fixed iterations and no check 31.3. `Newton(iterations=2)` (no loop) is the fast choice
+#: for runs known to stay at small h: a failed check is then reported, not repaired.
+RATTLE_ITERATIONS = 2
 
 
 def _rattle_newton(newton, rtol, atol, max_iter, separable=True):
     # The general form solves for (p½, q₁, ν) from a cruder guess: it keeps the loop.
-    default = Newton(iterations=RATTLE_ITERATIONS) if separable else Newton()
+    default = Newton(iterations=RATTLE_ITERATIONS, then_loop=True) if separable else Newton()
     return as_newton(newton, rtol, atol, max_iter, default=default)
 
 
@@ -280,10 +282,11 @@ def rattle(
     - `separable`: `True` (default) for a constant mass matrix, H = T(p) + U(q); `False`
       for a position-dependent one. `check(x0)` rejects a coupled H with `separable=True`.
     - `newton`: a `geomjax.Newton` with the solver settings for the multiplier (unknown
-      ν = (h²/2)λ, a displacement). Default `Newton(iterations=RATTLE_ITERATIONS)`: a
-      fixed number of iterations written out, then the residual g(q₁) at the result is
-      checked (through the last Jacobian, in the units of ν) against atol + rtol|ν|; a
-      failed check gives `RESULTS.newton_failed`.
+      ν = (h²/2)λ, a displacement). Default `Newton(iterations=2, then_loop=True)`: two
+      iterations written out, then the result is checked (the error estimated from the
+      last two updates, in the units of ν) against atol + rtol|ν|; if the check fails, a
+      loop goes on (up to `max_steps` iterations), and a solve that still fails gives
+      `RESULTS.newton_failed`.
     - `rtol`, `atol`, `max_iter`: the earlier keywords, still accepted: they set those
       fields of the default (`max_iter` asks for the loop with that many iterations at
       most). Not together with `newton`.
