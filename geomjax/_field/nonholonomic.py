@@ -22,13 +22,15 @@ field. A feedback field then adds −L∇V with V = ½ΔᵀKΔ, Δ = (J, H_ext �
 for structures embedded in Euclidean space, + k₀/4 ‖D‖² with D the embedding defect
 (RᵀR − I for SO(3), cos² + sin² − 1 for SE(2)).
 
-How it is computed: as vectorised JAX on the state's pieces, v = ∂H/∂m by `grad`, C by
-one jvp vmapped over the rows of ω, ∇H_ext and ∇V from one derivative of
-F = (J, H_ext, ...); `SystemField.rhs` then runs it through the simplification pass
-(`geomjax.internal.simplify`), the one place expressions are rewritten. See
-`_Derivation.field` for the two measured choices (μ = C⁻¹J held fixed in ∇H_ext, forward
-mode for DF) and `benchmarks/nonholonomic_vs_hand.py` for the comparison with the field
-written by hand.
+How it is computed: as vectorised JAX on the state's pieces. J, C and H_ext come from
+`geomjax._system.nonholonomic.Derivation` (v = ∂H/∂m by `grad`, C by one jvp vmapped over
+the rows of ω), the one derivation that `NonholonomicSystem.constraint_momenta`,
+`constraint_matrix` and `extended_hamiltonian` evaluate too; ∇H_ext and ∇V come from one
+derivative of F = (J, H_ext, ...); `SystemField.rhs` then runs it through the
+simplification pass (`geomjax.internal.simplify`), the one place expressions are
+rewritten. See `_extended_field` for the two measured choices (μ = C⁻¹J held fixed in
+∇H_ext, forward mode for DF) and `benchmarks/nonholonomic_vs_hand.py` for the comparison
+with the field written by hand.
 """
 
 
@@ -36,42 +38,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from .feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
 from .._monitored import START_TOL, check_on_constraint_set
 from .base import SystemField
 from ..internal.simplify import MAX_INPUTS
 from .._solve.linalg import small_solve
+from .._system.nonholonomic import Derivation, check_matrix
 from .._system.system import System
-from .._validate import is_concrete, require_invertible
-
-# --------------------------------------------------------------------------------------
-# Which piece is the momentum
-
-
-def nonholonomic_layout(structure) -> str | None:
-    """`"pair"` when pieces are (configuration, momentum), `"momentum"` when the whole state
-    is the momentum (Lie–Poisson spaces), None when the structure does not say."""
-    return structure.nonholonomic_layout
-
-
-def check_nonholonomic_system(system: System, omega) -> None:
-    """Validation run by `System(..., nonholonomic=omega)` (before the field is stored)."""
-    if not callable(omega):
-        raise TypeError("nonholonomic must be a callable returning the (k, d) constraint one-forms ω")
-    if system.holonomic is not None or system.constraints is not None:
-        raise ValueError(
-            "nonholonomic constraints cannot be combined with holonomic= or constraints= in one System"
-        )
-    if nonholonomic_layout(system.structure) is None:
-        raise ValueError(
-            f"nonholonomic constraints need to know which coordinates are momenta; the structure "
-            f"{type(system.structure).__name__} does not say. Use geomjax.canonical(n), "
-            "geomjax.lie_poisson_so3(), geomjax.lie_poisson_se2(), geomjax.left_trivialised_so3() "
-            "or geomjax.left_trivialised_se2(), or give your structure a class attribute "
-            "nonholonomic_layout = 'pair' with pieces (configuration, momentum)"
-        )
+from .._validate import is_concrete
 
 
 def _require(system) -> None:
@@ -81,174 +56,101 @@ def _require(system) -> None:
         raise ValueError("this System has no nonholonomic constraints: build it with System(..., nonholonomic=omega)")
 
 
-# --------------------------------------------------------------------------------------
-# The derived quantities at one state (pieces z), vectorised
-
-
-def _momentum(kind: str, z):
-    return z[1] if kind == "pair" else z
-
-
-def _with_momentum(kind: str, z, m):
-    return (z[0], m) if kind == "pair" else m
-
-
-class _Derivation(eqx.Module):
-    """The system's functions at a state in pieces: (configuration, momentum) on "pair"
-    layouts, the momentum alone on "momentum" layouts (Lie–Poisson spaces)."""
-
-    system: System
-
-    @property
-    def kind(self) -> str:
-        return nonholonomic_layout(self.system.structure)
-
-    @property
-    def embedded(self) -> bool:
-        return self.kind == "pair" and self.system.structure.embedded
-
-    def energy(self, z):
-        return self.system.structure.evaluate(self.system.hamiltonian, z).reshape(())
-
-    def integrals(self, z):
-        return self.system.structure.evaluate(self.system.integral_values, z)
-
-    def forms(self, z):
-        """ω as a (k, d) array (of the configuration on "pair" layouts, of the state else)."""
-        w = jnp.asarray(self.system.nonholonomic(z[0] if self.kind == "pair" else z))
-        return w[None, :] if w.ndim == 1 else w
-
-    def velocity(self, z):
-        """v = ∂H/∂m (one reverse pass in the momentum)."""
-        kind = self.kind
-        return jax.grad(lambda m: self.energy(_with_momentum(kind, z, m)))(_momentum(kind, z))
-
-    def momenta(self, z):
-        """J = ω ∂H/∂m, shape (k,)."""
-        return self.forms(z) @ self.velocity(z)
-
-    def matrix(self, z, w=None):
-        """C_ab = ⟨∂J_a/∂m, ω_b⟩: the derivatives of J along the rows of ω in the momentum,
-        one jvp vmapped over the rows (row b of the result holds ∂J/∂m·ω_b, so C is its
-        transpose)."""
-        kind = self.kind
-        w = self.forms(z) if w is None else w
-        j_of_m = lambda m: self.momenta(_with_momentum(kind, z, m))
-        m = _momentum(kind, z)
-        return jax.vmap(lambda u: jax.jvp(j_of_m, (m,), (u,))[1])(w).T
-
-    def extended(self, z):
-        """(H_ext, (J, C)) with H_ext = H − ½ JᵀC⁻¹J."""
-        j, c = self.momenta(z), self.matrix(z)
-        return self.energy(z) - 0.5 * jnp.dot(j, small_solve(c, j)), (j, c)
-
-    def quantities(self, z):
-        """(F = (J, H_ext, integrals), (J, C))."""
-        h_ext, (j, c) = self.extended(z)
-        pieces = [j, h_ext[None]]
-        if self.system.integrals:
-            pieces.append(self.integrals(z))
-        return jnp.concatenate(pieces), (j, c)
-
-    def field(self, z, weights=None, embedding_gain=None):
-        """X_Hext + (0, ωᵀλ), λ, and ∇V for the feedback term (None without `weights`).
-
-        J and C at z give C⁻¹ (one `small_solve` against the identity: one reciprocal for
-        k = 1) and μ = C⁻¹J. F = (J, H_ext[, integrals, ¼‖D‖²]) is differentiated as a
-        whole: ∇H_ext is its row H_ext and ∇V = DFᵀ(w, k₀) with w = `weights(F)` =
-        K(F − F₀). λ = −C⁻¹ DJ·X_Hext is one jvp of J.
-
-        Two choices, measured (knife edge, scalar operations left by the simplification
-        pass with the system's parameters traced, as inside `geomjax.integrate`):
-
-        - H_ext enters F as H − μ·J + ½μᵀCμ with μ held fixed (`frozen_extended`): the
-          same value and gradient at z, and the same function of the state (μ is
-          recomputed from it), so derivatives of the field stay exact; no derivative of
-          the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
-          H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
-          `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
-          extra divisions each became a separate XLA kernel. (Scalar-by-scalar
-          derivation before: 53 ops / 4 divisions, 5.1 ms.)
-        - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
-          expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
-          primal and more cancels (with constant parameters, field/feedback 25/56 ops
-          against 37/90 in reverse mode). Larger states take one reverse pass vmapped
-          over the cotangents e_Hext and (w, k₀).
-        """
-        s = self.system.structure
-        with_defect = weights is not None and embedding_gain is not None
-        j, c = self.momenta(z), self.matrix(z)
-        k = j.shape[0]
-        c_inv = small_solve(c, np.eye(k, dtype=j.dtype))
-        mu = c_inv @ j
-
-        def outputs(w):
-            pieces = [self.momenta(w), self.frozen_extended(w, mu)[None]]
-            if weights is not None and self.system.integrals:
-                pieces.append(self.integrals(w))
-            if with_defect:
-                d = s.embedding_defect(w[0]).reshape(-1)
-                pieces.append((0.25 * jnp.dot(d, d))[None])
-            return jnp.concatenate(pieces)
-
-        def combined(w):
-            return jnp.concatenate([w, jnp.atleast_1d(embedding_gain).astype(w.dtype)]) if with_defect else w
-
-        size = sum(leaf.size for leaf in jax.tree_util.tree_leaves(z))
-        if size <= MAX_INPUTS:
-            f = outputs(z)
-            jac = jax.jacfwd(outputs)(z)
-            grad_h = jax.tree_util.tree_map(lambda g: g[k], jac)
-            grad_v = None
-            if weights is not None:
-                w = combined(weights(f[: f.shape[0] - with_defect]))
-                grad_v = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, g, axes=1), jac)
-        else:
-            f, f_vjp = jax.vjp(outputs, z)
-            # numpy: a literal unit cotangent that XLA can fold.
-            e_h = np.zeros(f.shape, f.dtype)
-            e_h[k] = 1.0
-            grad_v = None
-            if weights is None:
-                grad_h = f_vjp(jnp.asarray(e_h))[0]
-            else:
-                w = combined(weights(f[: f.shape[0] - with_defect]))
-                both = jax.vmap(lambda e: f_vjp(e)[0])(jnp.stack([jnp.asarray(e_h), w]))
-                grad_h = jax.tree_util.tree_map(lambda g: g[0], both)
-                grad_v = jax.tree_util.tree_map(lambda g: g[1], both)
-        x_h = s.apply(z, grad_h)
-        _, j_dot = jax.jvp(self.momenta, (z,), (x_h,))
-        lam = -(c_inv @ j_dot)
-        force = lam @ self.forms(z)
-        m_dot = _momentum(self.kind, x_h) + force.reshape(_momentum(self.kind, x_h).shape)
-        return _with_momentum(self.kind, x_h, m_dot), lam, grad_v
-
-    def frozen_extended(self, w, mu):
-        """H − μ·J + ½μᵀCμ at the state w for a given μ: H_ext with the same gradient
-        where μ = C⁻¹J (∂/∂μ of it vanishes there). ½μᵀCμ is one jvp of μ·J along ωᵀμ."""
-        kind = self.kind
-        mu_j = lambda m: jnp.dot(mu, self.momenta(_with_momentum(kind, w, m)))
-        u = (mu @ self.forms(w)).reshape(_momentum(kind, w).shape)
-        weighted, c_mu_mu = jax.jvp(mu_j, (_momentum(kind, w),), (u,))
-        return self.energy(w) - weighted + 0.5 * c_mu_mu
-
-
 def _split(system, x):
     return system.structure.split(jnp.asarray(x))
 
 
-@eqx.filter_jit
-def _matrix_at(system, x):
-    return _Derivation(system).matrix(_split(system, x))
+# --------------------------------------------------------------------------------------
+# The field at one state (pieces z), vectorised; J, C and H_ext from the system's
+# `Derivation`
 
 
-def _check_matrix_at(system, x0) -> None:
-    require_invertible(
-        _matrix_at(system, x0),
-        "the nonholonomic matrix C_ab = ⟨∂J_a/∂m, ω_b⟩",
-        "the constraint one-forms are linearly dependent there, or the kinetic energy is "
-        "degenerate along them",
-    )
+def _integrals(system, z):
+    return system.structure.evaluate(system.integral_values, z)
+
+
+def _quantities(system, z):
+    """F = (J, H_ext, integrals) at the state in pieces."""
+    h_ext, (j, _) = Derivation(system).extended(z)
+    pieces = [j, h_ext[None]]
+    if system.integrals:
+        pieces.append(_integrals(system, z))
+    return jnp.concatenate(pieces)
+
+
+def _extended_field(system, z, weights=None, embedding_gain=None):
+    """X_Hext + (0, ωᵀλ), λ, and ∇V for the feedback term (None without `weights`).
+
+    J and C at z give C⁻¹ (one `small_solve` against the identity: one reciprocal for
+    k = 1) and μ = C⁻¹J. F = (J, H_ext[, integrals, ¼‖D‖²]) is differentiated as a
+    whole: ∇H_ext is its row H_ext and ∇V = DFᵀ(w, k₀) with w = `weights(F)` =
+    K(F − F₀). λ = −C⁻¹ DJ·X_Hext is one jvp of J.
+
+    Two choices, measured (knife edge, scalar operations left by the simplification
+    pass with the system's parameters traced, as inside `geomjax.integrate`):
+
+    - H_ext enters F as H − μ·J + ½μᵀCμ with μ held fixed (`Derivation.frozen_extended`):
+      the same value and gradient at z, and the same function of the state (μ is
+      recomputed from it), so derivatives of the field stay exact; no derivative of
+      the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
+      H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
+      `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
+      extra divisions each became a separate XLA kernel. (Scalar-by-scalar
+      derivation before: 53 ops / 4 divisions, 5.1 ms.)
+    - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
+      expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
+      primal and more cancels (with constant parameters, field/feedback 25/56 ops
+      against 37/90 in reverse mode). Larger states take one reverse pass vmapped
+      over the cotangents e_Hext and (w, k₀).
+    """
+    d = Derivation(system)
+    s = system.structure
+    with_defect = weights is not None and embedding_gain is not None
+    j, c = d.momenta(z), d.matrix(z)
+    k = j.shape[0]
+    c_inv = small_solve(c, np.eye(k, dtype=j.dtype))
+    mu = c_inv @ j
+
+    def outputs(w):
+        pieces = [d.momenta(w), d.frozen_extended(w, mu)[None]]
+        if weights is not None and system.integrals:
+            pieces.append(_integrals(system, w))
+        if with_defect:
+            dd = s.embedding_defect(w[0]).reshape(-1)
+            pieces.append((0.25 * jnp.dot(dd, dd))[None])
+        return jnp.concatenate(pieces)
+
+    def combined(w):
+        return jnp.concatenate([w, jnp.atleast_1d(embedding_gain).astype(w.dtype)]) if with_defect else w
+
+    size = sum(leaf.size for leaf in jax.tree_util.tree_leaves(z))
+    if size <= MAX_INPUTS:
+        f = outputs(z)
+        jac = jax.jacfwd(outputs)(z)
+        grad_h = jax.tree_util.tree_map(lambda g: g[k], jac)
+        grad_v = None
+        if weights is not None:
+            w = combined(weights(f[: f.shape[0] - with_defect]))
+            grad_v = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, g, axes=1), jac)
+    else:
+        f, f_vjp = jax.vjp(outputs, z)
+        # numpy: a literal unit cotangent that XLA can fold.
+        e_h = np.zeros(f.shape, f.dtype)
+        e_h[k] = 1.0
+        grad_v = None
+        if weights is None:
+            grad_h = f_vjp(jnp.asarray(e_h))[0]
+        else:
+            w = combined(weights(f[: f.shape[0] - with_defect]))
+            both = jax.vmap(lambda e: f_vjp(e)[0])(jnp.stack([jnp.asarray(e_h), w]))
+            grad_h = jax.tree_util.tree_map(lambda g: g[0], both)
+            grad_v = jax.tree_util.tree_map(lambda g: g[1], both)
+    x_h = s.apply(z, grad_h)
+    _, j_dot = jax.jvp(d.momenta, (z,), (x_h,))
+    lam = -(c_inv @ j_dot)
+    force = lam @ d.forms(z)
+    m_h = d.momentum(x_h)
+    return d.with_momentum(x_h, m_h + force.reshape(m_h.shape)), lam, grad_v
 
 
 # --------------------------------------------------------------------------------------
@@ -267,26 +169,26 @@ class NonholonomicField(SystemField):
     system: System
 
     def check(self, x0) -> None:
-        _check_matrix_at(self.system, x0)
+        check_matrix(self.system, x0)
 
     def vector(self, z):
-        return _Derivation(self.system).field(z)[0]
+        return _extended_field(self.system, z)[0]
 
     def momenta(self, x):
-        """J(x) = ω ∂H/∂m, shape (k,)."""
-        return _Derivation(self.system).momenta(_split(self.system, x))
+        """J(x) = ω ∂H/∂m, shape (k,) (the system's `constraint_momenta`)."""
+        return self.system.constraint_momenta(x)
 
     def matrix(self, x):
-        """C(x), shape (k, k)."""
-        return _Derivation(self.system).matrix(_split(self.system, x))
+        """C(x), shape (k, k) (the system's `constraint_matrix`)."""
+        return self.system.constraint_matrix(x)
 
     def extended_hamiltonian(self, x):
-        """H_ext(x) = H − ½ JᵀC⁻¹J."""
-        return _Derivation(self.system).extended(_split(self.system, x))[0]
+        """H_ext(x) = H − ½ JᵀC⁻¹J (the system's `extended_hamiltonian`)."""
+        return self.system.extended_hamiltonian(x)
 
     def multipliers(self, x):
         """λ(x) = −C⁻¹{J, H_ext}, shape (k,)."""
-        return _Derivation(self.system).field(_split(self.system, x))[1]
+        return _extended_field(self.system, _split(self.system, x))[1]
 
     def quantities(self, x):
         """F(x) = (J, H_ext, integrals), the quantities the feedback field stabilises."""
@@ -345,7 +247,7 @@ def nonholonomic_quantities(system: System, x):
     ```
     """
     _require(system)
-    return _Derivation(system).quantities(_split(system, x))[0]
+    return _quantities(system, _split(system, x))
 
 
 def embedding_defect(system: System, x):
@@ -384,12 +286,12 @@ def project_nonholonomic(system: System, x):
     ```
     """
     _require(system)
-    d = _Derivation(system)
+    d = Derivation(system)
     z = _split(system, x)
     w = d.forms(z)
     shift = small_solve(d.matrix(z, w), d.momenta(z)) @ w
-    m = _momentum(d.kind, z)
-    return system.structure.merge(_with_momentum(d.kind, z, m - shift.reshape(m.shape)))
+    m = d.momentum(z)
+    return system.structure.merge(d.with_momentum(z, m - shift.reshape(m.shape)))
 
 
 # --------------------------------------------------------------------------------------
@@ -411,7 +313,7 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
     pinned: bool = eqx.field(static=True, default=False)
 
     def check(self, x0) -> None:
-        _check_matrix_at(self.system, x0)
+        check_matrix(self.system, x0)
 
     def quantities(self, x):
         return nonholonomic_quantities(self.system, x)
@@ -429,14 +331,15 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
     def vector(self, z):
         self._require_target()
         weights = lambda f: self._weights(f - self.target)
-        y, _, grad_v = _Derivation(self.system).field(z, weights, self.embedding_gain)
+        y, _, grad_v = _extended_field(self.system, z, weights, self.embedding_gain)
         return jax.tree_util.tree_map(jnp.subtract, y, self._apply_metric(z, grad_v))
 
 
 def _constraint_count(system) -> int:
+    """k, the number of constraint momenta (from shapes only). A lambda, not the bound
+    method: `eval_shape` caches on the function, and the system's leaves may be traced."""
     spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
-    n_int = jax.eval_shape(lambda x: system.integral_values(x), spec).shape[0]
-    return jax.eval_shape(lambda x: nonholonomic_quantities(system, x), spec).shape[0] - 1 - n_int
+    return jax.eval_shape(lambda x: system.constraint_momenta(x), spec).shape[0]
 
 
 def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, target=None) -> NonholonomicFeedbackField:
@@ -457,9 +360,9 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, targe
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
-    embedded = nonholonomic_layout(system.structure) == "pair" and system.structure.embedded
+    embedded = system.structure.nonholonomic_layout == "pair" and system.structure.embedded
     if x0 is not None and is_concrete(x0):
-        _check_matrix_at(system, x0)
+        check_matrix(system, x0)
         check_on_constraint_set(system, x0, START_TOL)
     g = jnp.asarray(gains, dtype=jnp.float64)
     if embedded:

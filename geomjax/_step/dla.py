@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from .._solve.newton import Newton, as_newton
 from .base import SystemStep, newton_status
+from .._system.nonholonomic import check_matrix, one_forms
 from .._system.structures import CanonicalStructure
 from .._system.system import NonholonomicSystem, System
 
@@ -36,16 +37,13 @@ class DiscreteLagrangeDAlembert(SystemStep):
     newton: Newton = Newton()
 
     def check(self, x0) -> None:
-        from .._field.nonholonomic import _check_matrix_at
-
-        _check_matrix_at(self.system, x0)
+        check_matrix(self.system, x0)
 
     def _energy(self, q, p):
         return self.system.structure.evaluate(self.system.hamiltonian, (q, p))
 
     def _forms(self, q):
-        w = jnp.asarray(self.system.nonholonomic(q))
-        return w[None, :] if w.ndim == 1 else w
+        return one_forms(self.system, q)
 
     def advance(self, t, z, h, args):
         del t, args

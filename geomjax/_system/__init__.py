@@ -1,1 +1,2 @@
-"""Systems: Poisson structures and the system types built from user functions."""
+"""Systems: Poisson structures, the system types built from user functions, and the
+nonholonomic quantities J, C, H_ext that the system, its fields and steps share."""

@@ -6,8 +6,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .nonholonomic import Derivation
 from .structures import AbstractPoissonStructure, CanonicalStructure
-from .._solve.linalg import small_solve
 from .._validate import trace_user_function
 
 
@@ -243,7 +243,9 @@ class NonholonomicSystem(System):
 
     The quantities of seed 001's extension, by autodiff: the constraint momenta
     J = ω ∂H/∂m, C_ab = ⟨∂J_a/∂m, ω_b⟩ and the extended Hamiltonian H_ext = H − ½JᵀC⁻¹J
-    (equal to H on J = 0). `geomjax.nonholonomic_field` derives the extended field.
+    (equal to H on J = 0), on flat states. They are derived once, in pieces, by
+    `geomjax._system.nonholonomic.Derivation`, which `geomjax.nonholonomic_field` uses too
+    for the extended field.
     """
 
     hamiltonian: Callable
@@ -251,36 +253,24 @@ class NonholonomicSystem(System):
     nonholonomic: Callable
     integrals: tuple = ()
 
-    def _momentum_parts(self, x):
-        """(energy as a function of the momentum m, m, the (k, d) one-forms ω)."""
-        x = jnp.asarray(x)
-        s = self.structure
-        if s.nonholonomic_layout == "pair":
-            config, m = s.split(x)
-            energy = lambda mm: self.hamiltonian(s.merge((config, mm)))  # noqa: E731
-            forms = self.nonholonomic(config)
-        else:
-            m = x
-            energy = self.hamiltonian
-            forms = self.nonholonomic(x)
-        forms = jnp.atleast_2d(jnp.asarray(forms))
-        return energy, m, forms
+    def _derived(self, x):
+        """The derivation of J, C and H_ext, and the flat state x in pieces."""
+        return Derivation(self), self.structure.split(jnp.asarray(x))
 
     def constraint_momenta(self, x):
         """J(x) = ω ∂H/∂m, shape (k,); the constraint set is J = 0."""
-        energy, m, forms = self._momentum_parts(x)
-        return forms @ jax.grad(energy)(m)
+        d, z = self._derived(x)
+        return d.momenta(z)
 
     def constraint_matrix(self, x):
         """C_ab = ⟨∂J_a/∂m, ω_b⟩ (= ω M⁻¹ ωᵀ for H = ½mᵀM⁻¹m + U), shape (k, k)."""
-        energy, m, forms = self._momentum_parts(x)
-        momenta = lambda mm: forms @ jax.grad(energy)(mm)  # noqa: E731
-        return jax.vmap(lambda w: jax.jvp(momenta, (m,), (w,))[1], out_axes=1)(forms)
+        d, z = self._derived(x)
+        return d.matrix(z)
 
     def extended_hamiltonian(self, x):
         """H_ext = H − ½ JᵀC⁻¹J."""
-        j = self.constraint_momenta(x)
-        return self.hamiltonian(jnp.asarray(x)) - 0.5 * j @ small_solve(self.constraint_matrix(x), j)
+        d, z = self._derived(x)
+        return d.extended(z)[0]
 
     def constraint_residuals(self, x):
         x = jnp.asarray(x)
