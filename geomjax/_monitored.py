@@ -20,6 +20,7 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._validate import is_concrete
 
@@ -87,18 +88,19 @@ def _residuals(monitored, x0):
     return monitored.constraint_residuals(x0)
 
 
-def check_on_constraint_set(monitored, x0, start_tol) -> None:
+def check_on_constraint_set(monitored, x0, start_tol, residuals=None) -> None:
     """Raise a ValueError if the concrete `x0` is off the constraint set of `monitored` (a
     field, step or system): max |residual| > start_tol·(1 + max|x0|). The one place where
     starts are checked outside jit; inside jit the driver sets `RESULTS.off_constraint_set`
-    with the same test."""
+    with the same test. `residuals`: the residuals at x0 if the caller has them already."""
     if start_tol is None:
         return
-    res = _residuals(monitored, x0)
+    res = _residuals(monitored, x0) if residuals is None else residuals
     if not (res.shape[0] and is_concrete(res)):
         return
-    scale = 1.0 + float(jnp.max(jnp.abs(x0)))
-    worst = float(jnp.max(jnp.abs(res)))
+    res, x = np.asarray(res), np.asarray(x0)
+    scale = 1.0 + float(np.max(np.abs(x)))
+    worst = float(np.max(np.abs(res)))
     if not worst <= start_tol * scale:
         raise ValueError(
             f"x0 is off the constraint set: the largest constraint residual is {worst:.3g} "

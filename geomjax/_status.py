@@ -1,19 +1,21 @@
 """Why a run stopped: one enumeration, shared by steps, solves and the driver.
 
-`RESULTS` extends optimistix's (and so lineax's) result enumeration, so the outcome of an
-`optx.root_find` inside a step can be carried out of the step unchanged. Every member's
-message names the cause and what to try; `Solution.message` adds the step and time.
+`RESULTS` is an `equinox.Enumeration`, as optimistix's and lineax's result enumerations
+are. It does not extend optimistix's: a solve through `optimistix.root_find` (the
+`Newton(backend="optimistix")` option) reports only whether it converged, which becomes
+`newton_failed` here, and importing optimistix (with lineax) would add a fifth of
+geomjax's import time to every program. Every member's message names the cause and what
+to try; `Solution.message` adds the step and time.
 """
 
 import equinox as eqx
 import jax.numpy as jnp
-import optimistix as optx
 
 
-class RESULTS(optx.RESULTS):  # pyright: ignore
+class RESULTS(eqx.Enumeration):  # pyright: ignore
     """How a step or a run ended (`geomjax.RESULTS.successful` when it did not fail).
 
-    Members added to optimistix's: `nonfinite_start`, `off_constraint_set`,
+    Members: `successful`, `nonfinite_start`, `off_constraint_set`,
     `nonfinite_first_step`, `diverged`, `newton_failed`, `constraint_violation`,
     `invariant_drift`, `solver_failed`, `step_size_collapsed`, `invalid_step_size`. A status is an
     `equinox.EnumerationItem`; compare it with `==` (it works under `jit` and `vmap`), and
@@ -32,6 +34,7 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
     ```
     """
 
+    successful = ""
     nonfinite_start = (
         "the initial state has non-finite entries (NaN or inf): nothing was integrated"
     )

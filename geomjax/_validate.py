@@ -10,6 +10,15 @@ def is_concrete(x) -> bool:
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
+def host_array(value) -> jax.Array:
+    """A concrete value as a float64 jax array, converted on the host.
+
+    `jnp.asarray` of a NumPy array is a compiled call (`stage`); in a fresh process each
+    first compilation costs milliseconds of the time to the first result.
+    """
+    return jax.device_put(np.asarray(value, np.float64))
+
+
 def as_state(x0, dim: int | None, name: str = "x0"):
     """Convert `x0` to a float64 state vector, raising clear errors for bad input.
 

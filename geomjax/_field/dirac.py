@@ -9,17 +9,31 @@ from .._system.system import NonholonomicSystem, System
 from .._validate import require_invertible
 
 
-@eqx.filter_jit
-def _matrix_at(system: System, x):
+def constraint_matrix_at(system: System, x):
+    """C_ij = {f_i, f_j} at the flat state `x`."""
     return constraint_data(system, system.structure.split(x)).matrix
 
 
-def check_constraint_matrix(system: System, x0) -> None:
-    """Raise if C_ij = {f_i, f_j} is singular (or nearly so) at the concrete state `x0`."""
+_constraint_matrix_compiled = eqx.filter_jit(constraint_matrix_at)
+
+
+@eqx.filter_jit
+def start_values(system: System, x):
+    """At a concrete start x0: F(x0) = (f, H, integrals), C(x0) (None without second-class
+    constraints) and the constraint residuals, in one compiled call shared by
+    `feedback_field` and the checks of the Dirac and feedback fields (one compilation
+    instead of three in a fresh process)."""
+    matrix = constraint_matrix_at(system, x) if system.is_constrained else None
+    return system.conserved_quantities(x), matrix, system.constraint_residuals(x)
+
+
+def check_constraint_matrix(system: System, x0, matrix=None) -> None:
+    """Raise if C_ij = {f_i, f_j} is singular (or nearly so) at the concrete state `x0`
+    (`matrix`: C at x0 if the caller has it already)."""
     if not system.is_constrained:
         return
     require_invertible(
-        _matrix_at(system, x0),
+        start_values(system, x0)[1] if matrix is None else matrix,
         "the constraint matrix C_ij = {f_i, f_j}",
         "the constraints are not second-class there, so the Dirac formula is undefined "
         "(for a pendulum this happens at q = 0)",
@@ -80,4 +94,4 @@ def constraint_matrix(system: System, x):
 
     Example: for the spherical pendulum with f = (|q|², q·p), C = [[0, 2|q|²], [−2|q|², 0]].
     """
-    return _matrix_at(system, jnp.asarray(x))
+    return _constraint_matrix_compiled(system, jnp.asarray(x))

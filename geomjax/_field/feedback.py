@@ -9,18 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from .derived import constraint_data, dirac_vector, stacked_combination
-from .dirac import check_constraint_matrix
+from .dirac import check_constraint_matrix, start_values
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
 from .._monitored import START_TOL, check_on_constraint_set
-from .._validate import as_state, is_concrete
+from .._validate import as_state, host_array, is_concrete
 
 
 def _gain_array(gains, m: int):
     """Return gains as a scalar, an `(m,)` vector (diagonal K) or an `(m, m)` matrix."""
-    k = jnp.asarray(gains, dtype=jnp.float64)
+    # Concrete gains are built on the host (each jnp call is a compilation in a fresh process).
+    k = host_array(gains) if is_concrete(gains) else jnp.asarray(gains, dtype=jnp.float64)
     if k.ndim == 0:
-        k = jnp.full((m,), k)
+        k = host_array(np.full((m,), np.asarray(k))) if is_concrete(k) else jnp.full((m,), k)
     elif k.ndim == 1:
         if k.shape[0] != m:
             raise ValueError(
@@ -227,9 +228,10 @@ class FeedbackField(AbstractFeedbackField):
 _conserved_quantities = eqx.filter_jit(lambda system, x: system.conserved_quantities(x))
 
 
-def resolve_target(system, x0, target, target_at):
+def resolve_target(system, x0, target, target_at, value_at_x0=None):
     """`(x0, target, pinned, m)` for a feedback field: x0 checked (or None); the pinned
-    target if one was given, else F(x0) (or None without x0); m the length of F."""
+    target if one was given, else F(x0) (or None without x0; `value_at_x0` if the caller
+    computed it already); m the length of F."""
     if x0 is not None:
         x0 = as_state(x0, system.dim)
         spec = x0
@@ -245,7 +247,9 @@ def resolve_target(system, x0, target, target_at):
         if is_concrete(target) and not np.all(np.isfinite(np.asarray(target))):
             raise ValueError("target must be finite")
         return x0, target, True, m
-    return x0, (None if x0 is None else target_at(x0)), False, m
+    if x0 is None:
+        return x0, None, False, m
+    return x0, (target_at(x0) if value_at_x0 is None else value_at_x0), False, m
 
 
 def feedback_field(
@@ -313,10 +317,16 @@ def feedback_field(
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
     if gains is None:
         raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
-    x0, target, pinned, m = resolve_target(system, x0, target, lambda x: _conserved_quantities(system, x))
+    start = None
     if x0 is not None and is_concrete(x0):
-        check_constraint_matrix(system, x0)
-        check_on_constraint_set(system, x0, START_TOL)
+        x0 = as_state(x0, system.dim)
+        start = start_values(system, x0)
+    x0, target, pinned, m = resolve_target(
+        system, x0, target, lambda x: _conserved_quantities(system, x), None if start is None else start[0]
+    )
+    if start is not None:
+        check_constraint_matrix(system, x0, matrix=start[1])
+        check_on_constraint_set(system, x0, START_TOL, residuals=start[2])
     k = _gain_array(gains, m)
     metric = _check_metric(metric, x0, system.dim)
     return FeedbackField(system, target, k, metric, pinned)

@@ -250,6 +250,7 @@ def as_newton(newton: Newton | None, rtol=None, atol=None, max_iter=None, *, def
     base = Newton() if default is None else default
     if "max_steps" in legacy:
         legacy["iterations"] = None  # an iteration limit asks for the loop
+        legacy["then_loop"] = False
     return _replace(base, **legacy) if legacy else base
 
 

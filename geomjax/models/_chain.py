@@ -6,7 +6,7 @@ from jax.tree_util import Partial
 from .._system.structures import canonical
 from .._system.system import System
 from ._model import Model
-from ._pendulum import _params
+from ._model import model_params as _params
 
 
 def _points(q):

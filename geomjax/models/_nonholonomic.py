@@ -12,11 +12,9 @@ from jax.tree_util import Partial
 
 from .._system.structures import canonical
 from .._system.system import System
-from ._model import Model
+from ._model import Model, model_params as _params
 
 
-def _params(**kw):
-    return {k: jnp.asarray(v, dtype=jnp.float64) for k, v in kw.items()}
 
 
 # --------------------------------------------------------------------------------------

@@ -17,11 +17,9 @@ from jax.tree_util import Partial
 from .._system.bundles import left_trivialised_se2, left_trivialised_so3
 from .._system.structures import lie_poisson_so3
 from .._system.system import System
-from ._model import Model
+from ._model import Model, model_params as _params
 
 
-def _params(**kw):
-    return {k: jnp.asarray(v, dtype=jnp.float64) for k, v in kw.items()}
 
 
 def _hat(w):

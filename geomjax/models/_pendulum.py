@@ -5,11 +5,7 @@ from jax.tree_util import Partial
 
 from .._system.structures import canonical
 from .._system.system import System
-from ._model import Model
-
-
-def _params(**kw):
-    return {k: jnp.asarray(v, dtype=jnp.float64) for k, v in kw.items()}
+from ._model import Model, flat_state, model_params
 
 
 def _pendulum_hamiltonian(params, x):
@@ -61,10 +57,9 @@ def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=Fal
     Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
     ```
     """
-    params = _params(m=m, g=g, length=length)
-    zero = jnp.zeros((), jnp.float64)
-    q0 = jnp.stack([zero, params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
-    p0 = jnp.array([1.0, 0.0, -1.0]) if p0 is None else jnp.asarray(p0, jnp.float64)
+    params = model_params(m=m, g=g, length=length)
+    q0 = (0.0, params["length"], 0.0) if q0 is None else q0
+    p0 = (1.0, 0.0, -1.0) if p0 is None else p0
     hamiltonian = Partial(_pendulum_hamiltonian, params)
     if holonomic:
         system = System(
@@ -79,7 +74,7 @@ def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=Fal
             hamiltonian, canonical(3), constraints=_radial_constraints, integrals=(_vertical_angular_momentum,)
         )
         names = ("f1", "f2", "H", "J")
-    return Model("spherical_pendulum", system, params, jnp.concatenate([q0, p0]), names)
+    return Model("spherical_pendulum", system, params, flat_state(q0, p0), names)
 
 
 def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False) -> Model:
@@ -111,10 +106,9 @@ def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False)
 
     ```
     """
-    params = _params(m=m, g=g, length=length)
-    zero = jnp.zeros((), jnp.float64)
-    q0 = jnp.stack([params["length"], zero]) if q0 is None else jnp.asarray(q0, jnp.float64)
-    p0 = jnp.zeros(2) if p0 is None else jnp.asarray(p0, jnp.float64)
+    params = model_params(m=m, g=g, length=length)
+    q0 = (params["length"], 0.0) if q0 is None else q0
+    p0 = (0.0, 0.0) if p0 is None else p0
     hamiltonian = Partial(_pendulum_hamiltonian, params)
     if holonomic:
         system = System(hamiltonian, canonical(2), holonomic=Partial(_sphere_constraint, params))
@@ -122,4 +116,4 @@ def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False)
     else:
         system = System(hamiltonian, canonical(2), constraints=_radial_constraints)
         names = ("f1", "f2", "H")
-    return Model("planar_pendulum", system, params, jnp.concatenate([q0, p0]), names)
+    return Model("planar_pendulum", system, params, flat_state(q0, p0), names)
