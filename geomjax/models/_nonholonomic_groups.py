@@ -9,6 +9,7 @@ embedding defect and one gain per name is expected. Parameters are our choices w
 the seed's were lost (stated in each docstring).
 """
 
+import functools
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -115,9 +116,15 @@ def _lateral_velocity(g):
     return jnp.stack([jnp.zeros_like(g[0]), jnp.zeros_like(g[0]), jnp.ones_like(g[0])])[None, :]
 
 
-# Gauss–Legendre nodes for the quadrature of the sleigh's position.
-_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(12)
+# Gauss–Legendre quadrature for the sleigh's position: 64 panels of 12 nodes.
+_GL_ORDER = 12
 _GL_PANELS = 64
+
+
+@functools.cache
+def _gauss_legendre():
+    # Computed on first use: importing numpy.polynomial costs 60 ms of `import geomjax`.
+    return np.polynomial.legendre.leggauss(_GL_ORDER)
 
 
 def _gd(u):
@@ -144,8 +151,9 @@ def _sleigh_exact(pr, x0, t):
     # Position: ∫ v (cos θ, sin θ) dt by composite Gauss–Legendre (error at round-off level).
     edges = jnp.linspace(0.0, 1.0, _GL_PANELS + 1) * t
     mid, half = 0.5 * (edges[1:] + edges[:-1]), 0.5 * (edges[1:] - edges[:-1])
-    s = (mid[:, None] + half[:, None] * jnp.asarray(_GL_NODES)[None, :]).reshape(-1)
-    w = (half[:, None] * jnp.asarray(_GL_WEIGHTS)[None, :]).reshape(-1)
+    nodes, weights = _gauss_legendre()
+    s = (mid[:, None] + half[:, None] * jnp.asarray(nodes)[None, :]).reshape(-1)
+    w = (half[:, None] * jnp.asarray(weights)[None, :]).reshape(-1)
     vs, _, ths = jax.vmap(lambda ss: _sleigh_body(pr, x0, ss))(s)
     x = x0[0] + jnp.sum(w * vs * jnp.cos(ths))
     y = x0[1] + jnp.sum(w * vs * jnp.sin(ths))
