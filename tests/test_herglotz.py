@@ -350,3 +350,21 @@ def test_user_discretizing_map_and_systems(rng):
     assert step.dim == 5 and FOUCAULT_CONTACT.dim is None
     with pytest.raises(ValueError, match="already has nonholonomic"):
         geomjax.herglotz(system, nonholonomic=FOUCAULT_C)
+
+
+def test_nonholonomic_order_two_positions_on_a_damped_knife_edge():
+    # Constraint sin φ ẋ − cos φ ẏ = 0 (never degenerate, unlike the Foucault constraint
+    # at q = 0). Positions of order=2 converge at order 2 (self-convergence against the
+    # same step at h/32); the momenta p_k = D₂L_d are first order (see `herglotz`).
+    forms = lambda q: jnp.stack([jnp.sin(q[2]), -jnp.cos(q[2]), 0.0 * q[2]])[None]  # noqa: E731
+    lag = lambda q, v, z: 0.5 * v @ v + 4.9 * q[0] + jnp.cos(q[2]) - 0.3 * z  # noqa: E731
+    step = geomjax.herglotz(lag, order=2, nonholonomic=forms)
+    x0 = jnp.array([0.0, 0.0, 0.3, 0.0, 0.0, 2.0, 0.0])
+    fine, _ = diagnostics.final_state(step, x0, 1.0 / 1280, 1280)
+    ns = (10, 20, 40)
+    finals = [np.asarray(diagnostics.final_state(step, x0, 1.0 / n, n)[0]) for n in ns]
+    errors_q = [np.max(np.abs(x[:3] - np.asarray(fine[:3]))) for x in finals]
+    errors_p = [np.max(np.abs(x[3:6] - np.asarray(fine[3:6]))) for x in finals]
+    hs = [1.0 / n for n in ns]
+    assert abs(diagnostics.convergence_order(hs, errors_q).order - 2.0) <= 0.3, errors_q
+    assert abs(diagnostics.convergence_order(hs, errors_p).order - 1.0) <= 0.3, errors_p
