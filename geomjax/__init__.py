@@ -82,6 +82,7 @@ from ._step.variational import (
     forced_dla as forced_dla,
     herglotz as herglotz,
 )
+from ._step.contact_splitting import ContactSplittingStep as ContactSplittingStep, contact_splitting as contact_splitting
 from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"
