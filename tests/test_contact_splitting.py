@@ -99,8 +99,12 @@ def test_gradients_match_finite_differences():
         return jnp.sum(sol.xs[-1] * jnp.array([1.0, 2.0, 3.0]))
 
     x0, alpha, h = X0, 0.4, 0.1
-    grads = jax.jit(jax.grad(objective, argnums=(0, 1, 2)))(x0, alpha, h)
-    value = jax.jit(objective)
+    value_and_grad = jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2)))
+    grads = value_and_grad(x0, alpha, h)[1]
+
+    def value(*a):
+        return value_and_grad(*a)[0]
+
     eps, d = 1e-6, jnp.array([0.3, -0.1, 0.5])
     fd = [
         (value(x0 + eps * d, alpha, h) - value(x0 - eps * d, alpha, h)) / (2 * eps),
