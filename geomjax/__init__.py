@@ -67,6 +67,21 @@ from ._step.implicit_rk import (  # importing registers "implicit_midpoint", "ga
     implicit_rk as implicit_rk,
 )
 from ._step.projection import project as project
+from ._system.velocity_constraints import VelocityConstraint as VelocityConstraint
+from ._system.lagrangian import LagrangianSystem as LagrangianSystem
+from ._system.contact import (
+    ContactHamiltonianSystem as ContactHamiltonianSystem,
+    ContactLagrangianSystem as ContactLagrangianSystem,
+)
+from ._field.contact import ContactField as ContactField, contact_field as contact_field
+from ._system.discrete import DiscreteLagrangian as DiscreteLagrangian, discrete_lagrangian as discrete_lagrangian
+from ._step.variational import (
+    ForcedDLAStep as ForcedDLAStep,
+    HerglotzStep as HerglotzStep,
+    forced_dla as forced_dla,
+    herglotz as herglotz,
+)
+from ._step.contact_splitting import ContactSplittingStep as ContactSplittingStep, contact_splitting as contact_splitting
 from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"

@@ -62,22 +62,23 @@ def check_positive_step(dt, steps, save_every):
             raise ValueError(f"dt must be a positive finite scalar, got {dt!r}")
 
 
-def require_invertible(matrix, what: str, reason: str) -> None:
+def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> None:
     """Raise a ValueError if the (concrete) `matrix` is non-finite or numerically singular.
 
-    `what` names the matrix in the message (e.g. "the constraint matrix C_ij = {f_i, f_j}")
-    and `reason` says what singularity means for the user's system. A traced matrix
-    (parameters under jit/vmap/grad) cannot be checked eagerly and is let through.
+    `what` names the matrix in the message (e.g. "the constraint matrix C_ij = {f_i, f_j}"),
+    `reason` says what singularity means for the user's system and `where` where it was
+    evaluated. A traced matrix (parameters under jit/vmap/grad) cannot be checked eagerly
+    and is let through.
     """
     if not is_concrete(matrix):
         return
     c = np.asarray(matrix)
     if not np.all(np.isfinite(c)):
-        raise ValueError(f"{what} is not finite at x0: the functions or their gradients give NaN/inf there")
+        raise ValueError(f"{what} is not finite {where}: the functions or their gradients give NaN/inf there")
     sv = np.linalg.svd(c, compute_uv=False)
     if sv.size and (sv[0] == 0.0 or sv[-1] <= 1e-12 * max(sv[0], 1.0)):
         raise ValueError(
-            f"{what} is singular at x0 (singular values {np.array2string(sv, precision=3)}): {reason}"
+            f"{what} is singular {where} (singular values {np.array2string(sv, precision=3)}): {reason}"
         )
 
 
