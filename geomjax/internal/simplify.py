@@ -857,9 +857,23 @@ def _emit(plan: _Plan, flat_args, consts, out_avals):
         values[i] = array[idx] if idx else array  # each leaf is one node, so sliced once
         return values[i]
 
+    # Divisions that share a denominator: one reciprocal, then products (a division costs
+    # several multiplications, and the results differ by at most an ulp).
+    denominators = Counter(
+        graph.nodes[i][2][1]
+        for i in plan.order
+        if graph.nodes[i][0].name == "div" and graph.value(graph.nodes[i][2][0]) != 1
+    )
+    reciprocals = {}
     for i in plan.order:
         prim, params, args = graph.nodes[i]
         operands = [value(a) for a in args]
+        if prim.name == "div" and denominators.get(args[1], 0) > 1 and graph.value(args[0]) != 1:
+            inverse = reciprocals.get(args[1])
+            if inverse is None:
+                inverse = reciprocals[args[1]] = 1.0 / operands[1]
+            values[i] = operands[0] * inverse
+            continue
         if prim.name in _PLAIN:
             values[i] = _PLAIN[prim.name](*operands)
         else:
