@@ -31,14 +31,16 @@ over removed divisors), which is exactly 0 when they are all finite (and non-zer
 otherwise, is added to every floating-point output. So:
 
 - when every intermediate the function as written computes is finite, the outputs are
-  its outputs up to rounding (constant factors are multiplied together and like terms
-  collected, which can round differently; the sign of a zero is not kept);
+  its outputs up to rounding (constant factors are multiplied together, products
+  reordered, like terms collected and divisions by one denominator turned into one
+  reciprocal and products, which can round differently; the sign of a zero is not kept);
 - whenever a removed subexpression is non-finite, so that the function as written would
-  have produced a NaN, every floating-point output is non-finite (NaN; the guard is left
-  out for a removed `t` that reaches every output through NaN-propagating arithmetic, or
-  reaches another checked node, since those are non-finite then anyway). This is
-  conservative: an output the original left finite (because the NaN went to another
-  output) is non-finite too. Non-finite values are never hidden.
+  have produced a NaN, the outputs are non-finite: a removed `t` that reaches some output
+  (or another checked node) through NaN-propagating arithmetic (+, −, ·, sin, cos, √, …)
+  makes that output non-finite by itself and is not checked; the others are summed into
+  the guard, which is added to every floating-point output array. Non-finite values are
+  never hidden, though they may show in other entries of the output than in the
+  function as written.
 
 Differentiating the simplified function differentiates the emitted operations (which
 compute the same function wherever it is finite); `stop_gradient` is kept as an
