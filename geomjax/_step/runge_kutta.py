@@ -78,7 +78,11 @@ class ExplicitRungeKutta(FieldStep):
         # shape, also inside another trace (the chain of 8 links, feedback RK4: lowering
         # the run 3.2 → 0.9 s); XLA inlines the calls, so the compiled step is the same.
         # Concrete arrays of the field stay constants of the trace, as without the jit.
-        rhs = jax.jit(lambda time, state: self.field.rhs(time, state, args))
+        rhs = (
+            jax.jit(lambda time, state: self.field.rhs(time, state, args))
+            if self.tableau.stages > 1
+            else (lambda time, state: self.field.rhs(time, state, args))
+        )
         ks = []
         for row in self.tableau.a:
             ks.append(rhs(t + sum(row) * h, combine(row, ks)))

@@ -179,7 +179,37 @@ _ELEMENTWISE = set(_FOLD) | {
 # Calls whose body is inlined.
 _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 _CUMULATIVE = {"cumsum": "add", "cumprod": "mul", "cummax": "max", "cummin": "min"}
-_REDUCERS = {"add": lax.add_p, "mul": lax.mul_p, "max": lax.max_p, "min": lax.min_p}
+_REDUCERS = {"add": lax.add_p, "mul": lax.mul_p, "max": lax.max_p, "min": lax.min_p, "and": lax.and_p, "or": lax.or_p}
+# Kept whole, as opaque nodes: the graph is simplified around them (their operands and
+# their users), and they are emitted as they are, on arrays rebuilt from the scalars.
+_OPAQUE = {"while"}
+
+
+class _Opaque:
+    """An operation kept as it is (a loop): `emit` binds it on arrays of the given shapes."""
+
+    name = "opaque"
+
+    def __init__(self, primitive, params, shapes, dtypes):
+        self.primitive, self.params, self.shapes, self.dtypes = primitive, params, shapes, dtypes
+
+    def emit(self, operands):
+        arrays, k = [], 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            n = int(np.prod(shape, dtype=np.int64))
+            part = [jnp.asarray(v, dtype) for v in operands[k : k + n]]
+            arrays.append(part[0].reshape(shape) if n == 1 else jnp.stack(part).reshape(shape))
+            k += n
+        return self.primitive.bind(*arrays, **self.params)
+
+
+class _OpaqueOutput:
+    """Entry `index` (flat) of output `position` of an opaque node."""
+
+    name = "opaque_output"
+
+    def __init__(self, position, index):
+        self.position, self.index = position, index
 
 
 def _evaluate(prim, params, values):
@@ -538,7 +568,7 @@ class _Expander:
             return [self._reduce(x, params["axes"], "add")]
         if name == "reduce_prod":
             return [self._reduce(x, params["axes"], "mul")]
-        if name in ("reduce_max", "reduce_min"):
+        if name in ("reduce_max", "reduce_min", "reduce_and", "reduce_or"):
             return [self._reduce(x, params["axes"], name[len("reduce_") :])]
         if name in _CUMULATIVE:
             return [self._cumulative(x, params["axis"], params["reverse"], _CUMULATIVE[name])]
@@ -561,6 +591,8 @@ class _Expander:
             index = int(self.constant_values(invals[0], "cond branch indices"))
             branches = params["branches"]
             return self._closed(branches[min(max(index, 0), len(branches) - 1)], invals[1:])
+        if name in _OPAQUE and not self._all_constant(invals):
+            return self._opaque(eqn, invals, out_avals)
         if self._all_constant(invals):
             # anything of constants only (the LU factors of a constant matrix, ...) is a constant
             values = [self.constant_values(a, "operands") for a in invals]
@@ -570,6 +602,29 @@ class _Expander:
             # such a system is past what the scalar graph pays for. Quietly unchanged.
             raise _TooLarge(f"a dense linear-algebra call (`{name}`) on state-dependent values")
         raise _Unsupported(f"`{name}`")
+
+    def _opaque(self, eqn, invals, out_avals):
+        """`eqn` kept whole: one node for the operation, one per entry of its outputs."""
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(sub, ClosedJaxpr) and any(isinstance(c, jax.core.Tracer) for c in sub.consts):
+                    raise _Unsupported(f"`{eqn.primitive.name}` with a traced constant")
+        g = self.graph
+        arrays = [np.asarray(a) for a in invals]
+        ids = tuple(int(i) for a in arrays for i in a.reshape(-1))
+        shapes = tuple(a.shape for a in arrays)
+        dtypes = tuple(np.dtype(v.aval.dtype) for v in eqn.invars)
+        op = _Opaque(eqn.primitive, eqn.params, shapes, dtypes)
+        key = ("opaque", eqn.primitive.name, id(eqn), ids)
+        node = g._add(key, (op, eqn.params, ids), np.dtype("V8"))
+        outs = []
+        for position, aval in enumerate(out_avals):
+            out = np.empty(aval.shape, dtype=np.int64)
+            for index, idx in enumerate(np.ndindex(aval.shape)):
+                reader = _OpaqueOutput(position, index)
+                out[idx] = g._add(("opaque_output", node, position, index), (reader, {}, (node,)), aval.dtype)
+            outs.append(out)
+        return outs
 
     def _closed(self, sub, invals):
         """Inline a called jaxpr (closed, as `jit` gives it, or open, as `checkpoint`)."""
@@ -639,6 +694,8 @@ class _Expander:
             return np.zeros((), dtype)
         if how == "mul":
             return np.ones((), dtype)
+        if how in ("and", "or"):
+            return np.asarray(how == "and", dtype)
         dtype = np.dtype(dtype)
         if dtype.kind == "f":
             return np.asarray(-np.inf if how == "max" else np.inf, dtype)
@@ -870,6 +927,12 @@ def _emit(plan: _Plan, flat_args, consts, out_avals):
     for i in plan.order:
         prim, params, args = graph.nodes[i]
         operands = [value(a) for a in args]
+        if isinstance(prim, _Opaque):
+            values[i] = prim.emit(operands)
+            continue
+        if isinstance(prim, _OpaqueOutput):
+            values[i] = values[args[0]][prim.position].reshape(-1)[prim.index]
+            continue
         if prim.name == "div" and denominators.get(args[1], 0) > 1 and graph.value(args[0]) != 1:
             inverse = reciprocals.get(args[1])
             if inverse is None:
