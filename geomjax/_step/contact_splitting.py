@@ -25,6 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._system.contact import merge_contact, split_contact
 from .base import AbstractStep, ok_status
 
 #: Yoshida (1990) solution A for order 6: w₁, w₂, w₃; w₀ = 1 − 2(w₁ + w₂ + w₃).
@@ -57,12 +58,10 @@ class ContactSplittingStep(AbstractStep):
     order: int = eqx.field(static=True)
 
     def split(self, x):
-        n = (x.shape[0] - 1) // 2
-        return x[:n], x[n : 2 * n], x[2 * n]
+        return split_contact(x, (x.shape[0] - 1) // 2)
 
     def merge(self, z):
-        q, p, s = z
-        return jnp.concatenate([q, p, jnp.reshape(s, (1,))])
+        return merge_contact(z)
 
     def check(self, x0) -> None:
         from .._system.contact import check_flat_contact_state

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
-from .._system.contact import ContactLagrangianSystem, check_flat_contact_state
+from .._system.contact import ContactLagrangianSystem, check_flat_contact_state, merge_contact, split_contact
 from .._system.discrete import DiscreteLagrangian, Rule, as_rule
 from .._system.lagrangian import LagrangianSystem
 from .._system.legendre import check_regular, velocity_hessian
@@ -173,12 +173,10 @@ class HerglotzStep(_VariationalStep):
         return None if self.n is None else 2 * self.n + 1
 
     def split(self, x):
-        n = (x.shape[0] - 1) // 2
-        return x[:n], x[n : 2 * n], x[2 * n]
+        return split_contact(x, (x.shape[0] - 1) // 2)
 
     def merge(self, z):
-        q, p, s = z
-        return jnp.concatenate([q, p, jnp.reshape(s, (1,))])
+        return merge_contact(z)
 
     def advance(self, t, z, h, args):
         del args
