@@ -25,6 +25,15 @@ seed 002 eqs. (1), (15)), on (q, p):
 The unknowns of the Newton solve are the discrete velocity v = (q_{k+1} − q_k)/h, the
 action rate w = (z_{k+1} − z_k)/h when L_d depends on z_{k+1}, and the multipliers λ: all
 of natural size at any h, so the Newton tolerances mean the same at every step size.
+
+**Affine equations are solved, not iterated.** When L is quadratic in v and affine in z
+and the constraints are affine in v (every example of seed 002), the equations are affine
+in (v, λ), and with an implicit z₁ affine in w once (v, λ) are known. The step reads this
+off the jaxpr of its equations when it is traced (`geomjax._solve.structure`, structural
+and sound: a dependence is never missed) and then uses one linear solve (order 1, LA) or
+two (order 2: (v, λ), then w): the exact root, with no iteration and no convergence test
+to fail on round-off (the Foucault constraint's matrix is nearly singular where the bob
+passes the origin). Everything else goes to Newton's method.
 """
 
 from collections.abc import Callable
@@ -35,6 +44,7 @@ import jax.numpy as jnp
 
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
+from .._solve.structure import SystemStructure, linear_solve
 from .._system.contact import ContactLagrangianSystem, check_flat_contact_state
 from .._system.discrete import DiscreteLagrangian, Rule, as_rule
 from .._system.lagrangian import LagrangianSystem
@@ -98,13 +108,6 @@ def _discrete_solve(
             out.append(constraint_ld.constraint(constraint, q0, q1, h))
         return tuple(out)
 
-    v_guess = _velocity_guess(discrete.lagrangian_qvz, q0, p0, z0)
-    parts = [v_guess]
-    if implicit_z:
-        parts.append(discrete.lagrangian_qvz(q0, v_guess, z0))
-    if constraint is not None:
-        parts.append(jnp.zeros((forms0.shape[0],), p0.dtype))
-
     def full(u):
         it = iter(u)
         v = next(it)
@@ -112,15 +115,75 @@ def _discrete_solve(
         lam = next(it) if constraint is not None else None
         return v, w, lam
 
-    sol = newton.solve(lambda u: residual(full(u)), tuple(parts))
-    q1, z1, _ = unpack(full(sol.value))
+    def equations(u):
+        return residual(full(u))
+
+    n = q0.shape[0]
+    k = forms0.shape[0] if constraint is not None else 0
+    zeros = [jnp.zeros((n,), p0.dtype)] + ([jnp.zeros((), p0.dtype)] if implicit_z else [])
+    zeros += [jnp.zeros((k,), p0.dtype)] if constraint is not None else []
+    plan = _solve_plan(equations, tuple(zeros), n, implicit_z)
+    if plan == "affine":
+        # Affine in (v, w, λ) (L quadratic in v and affine in z, constraints affine in v):
+        # one linear solve is the exact root; iterating would only re-test it.
+        value, converged = linear_solve(equations, tuple(zeros))
+    elif plan == "staged":
+        # The momentum and constraint equations do not involve w and are affine in (v, λ);
+        # the action equation is affine in w: two linear solves, (v, λ) then w.
+        def first(a):
+            return _select(equations(_insert(a, zeros[1])), (0, 2) if constraint is not None else (0,))
+
+        a0 = tuple(z for i, z in enumerate(zeros) if i != 1)
+        a, ok_a = linear_solve(first, a0)
+        w, ok_w = linear_solve(lambda ww: equations(_insert(a, ww))[1], zeros[1])
+        value, converged = _insert(a, w), ok_a & ok_w
+    else:
+        v_guess = _velocity_guess(discrete.lagrangian_qvz, q0, p0, z0)
+        parts = [v_guess]
+        if implicit_z:
+            parts.append(discrete.lagrangian_qvz(q0, v_guess, z0))
+        if constraint is not None:
+            parts.append(jnp.zeros((k,), p0.dtype))
+        sol = newton.solve(equations, tuple(parts))
+        value, converged = sol.value, sol.converged
+    q1, z1, _ = unpack(full(value))
     if not implicit_z:
         z1 = z0 + ld(q1, z0) if contact else z0
     _, d2, _, d4 = discrete.derivatives(q0, q1, h, z0, z1)
     p1 = d2 / (1.0 - d4) if contact else d2
     if force is not None:
         p1 = p1 + discrete.forces(force, q0, q1, h, t0)[1]
-    return (q1, p1, z1), sol.converged
+    return (q1, p1, z1), converged
+
+
+def _insert(a, w):
+    """(v, λ...) and w → (v, w, λ...)."""
+    return (a[0], w, *a[1:])
+
+
+def _select(out, indices):
+    return tuple(out[i] for i in indices)
+
+
+def _solve_plan(equations, zeros, n: int, implicit_z: bool) -> str:
+    """How to solve the step's equations, decided from their jaxpr at trace time (sound:
+    `SystemStructure`): `"affine"` (one linear solve), `"staged"` (with z₁ implicit: the
+    (v, λ) equations affine and free of w, then the w equation affine in w) or `"newton"`."""
+    structure = SystemStructure.of(equations, zeros)
+    m = structure.depends.shape[0]
+    everything = list(range(m))
+    if structure.affine(everything, everything):
+        return "affine"
+    if implicit_z:
+        w_index = [n]
+        others = [i for i in everything if i != n]
+        if (
+            structure.independent(others, w_index)
+            and structure.affine(others, others)
+            and structure.affine(w_index, w_index)
+        ):
+            return "staged"
+    return "newton"
 
 
 def _check_regular_at(lagrangian_qvz, q0, p0, z0, constraint):
@@ -306,7 +369,8 @@ def herglotz(
     - `constraint_rule`: the discretizing map of the constraints (default `"left"` for
       order 1, as in seed 002 eq. (18); `"midpoint"` for order 2; `rule` itself when
       `rule` is given).
-    - `newton`: the `geomjax.Newton` of the implicit solve (default `Newton()`).
+    - `newton`: the `geomjax.Newton` of the implicit solve (default `Newton()`); not used
+      when the equations are affine (solved by linear solves, see the module docstring).
 
     **Returns:**
 
@@ -399,7 +463,8 @@ def forced_dla(
     - `rule`: the discretizing map (a name or `psi(q0, q1, h)`; see
       `geomjax.discrete_lagrangian`); `"midpoint"` and `"trapezoidal"` give second order.
     - `constraint_rule`: the discretizing map of the constraints (default: `rule`).
-    - `newton`: the `geomjax.Newton` of the implicit solve.
+    - `newton`: the `geomjax.Newton` of the implicit solve; not used when the equations
+      are affine in the unknowns (then one linear solve gives the root).
 
     **Returns:**
 
