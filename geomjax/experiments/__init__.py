@@ -33,6 +33,7 @@ _MODULES = (
     "nonholonomic_systems",
     "nonholonomic_oscillator",
     "damped_oscillator",
+    "damped_foucault",
 )
 
 
