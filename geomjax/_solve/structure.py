@@ -17,7 +17,6 @@ about the graph, valid for every input and every parameter value, never a sample
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
@@ -71,7 +70,7 @@ def linear_solve(fn, guess):
     """The root of `fn`, affine in its unknowns, by one linear solve from `guess`:
     u = u₀ − J⁻¹F(u₀) with J = ∂F/∂u by forward-mode autodiff (exact for affine F).
 
-    Returns `(root, finite)`; a singular J gives non-finite entries and `finite=False`.
+    Returns the root (a singular J gives non-finite entries: check the result).
     Differentiable in the parameters of `fn` like any expression (the solution formula
     holds for all parameter values, so its derivatives are the implicit ones).
     """
@@ -81,5 +80,4 @@ def linear_solve(fn, guess):
         return ravel_pytree(fn(unravel(y)))[0]
 
     value, jac = residual(flat), jax.jacfwd(residual)(flat)
-    root = flat - small_solve(jac, value)
-    return unravel(root), jnp.all(jnp.isfinite(root))
+    return unravel(flat - small_solve(jac, value))
