@@ -412,7 +412,9 @@ def herglotz(
 
     A step for `geomjax.integrate(step, x0, dt=..., steps=...)` on flat states
     x = (q, p, z) of length 2n + 1. A Newton solve that fails is reported as
-    `RESULTS.newton_failed` with the step number.
+    `RESULTS.newton_failed` with the step number; where linear solves give the root (see
+    the module docstring), a singular matrix makes the state non-finite, reported as
+    `RESULTS.nonfinite_first_step` or `RESULTS.diverged`.
 
     Example (the damped oscillator of seed 002 §3.1; the energy decays as e^{−αt}):
 
