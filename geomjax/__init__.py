@@ -74,6 +74,10 @@ from ._system.contact import (
     ContactLagrangianSystem as ContactLagrangianSystem,
 )
 from ._field.contact import ContactField as ContactField, contact_field as contact_field
+from ._field.lagrangian import (
+    LagrangeDAlembertField as LagrangeDAlembertField,
+    lagrange_dalembert_field as lagrange_dalembert_field,
+)
 from ._system.discrete import DiscreteLagrangian as DiscreteLagrangian, discrete_lagrangian as discrete_lagrangian
 from ._step.variational import (
     ForcedDLAStep as ForcedDLAStep,

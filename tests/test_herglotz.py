@@ -315,12 +315,58 @@ def test_gradients_match_finite_differences(kind):
 
 
 def test_newton_failure_is_reported_with_the_step():
-    step = geomjax.herglotz(PENDULUM, order=2, newton=geomjax.Newton(max_steps=1))
+    # a kinetic energy not quadratic in v: the step's equations are not affine, so Newton
+    # iterates (for PENDULUM itself they are solved by two linear solves, see below)
+    quartic = lambda q, v, z: 0.5 * v @ v + (v @ v) ** 2 / 12 + jnp.cos(q[0]) - 0.5 * z  # noqa: E731
+    step = geomjax.herglotz(quartic, order=2, newton=geomjax.Newton(max_steps=1))
     sol = geomjax.integrate(step, X0P, dt=0.1, steps=5, throw=False)
     assert bool(sol.result == geomjax.RESULTS.newton_failed)
     assert int(sol.failed_step) == 1
     with pytest.raises(geomjax.IntegrationError, match="Newton"):
         geomjax.integrate(step, X0P, dt=0.1, steps=5)
+
+
+def test_affine_equations_are_solved_without_newton():
+    # Read off the jaxpr: the oscillator's and Foucault's equations are affine in (v, λ)
+    # (one linear solve); order 2 of a z-linear L, affine in (v, λ) then in w (two
+    # solves); a non-quadratic L, or the midpoint rule of the pendulum, needs Newton.
+    # The Newton settings are then not used: max_steps=1 cannot fail.
+    from geomjax._step import variational
+
+    plans = []
+    original = variational._solve_plan
+
+    def spy(*args):
+        plans.append(original(*args))
+        return plans[-1]
+
+    variational._solve_plan = spy
+    try:
+        strict = geomjax.Newton(max_steps=1)
+        x_osc, x_fou = jnp.array([0.3, 0.2, 0.0]), jnp.array([0.4, 0.1, 0.2, 0.3, 0.0])
+        cases = (
+            (geomjax.herglotz(OSC, order=1, newton=strict), x_osc, "affine"),
+            (geomjax.herglotz(OSC, order=2, newton=strict), x_osc, "staged"),
+            (geomjax.herglotz(PENDULUM, order=2, newton=strict), X0P, "staged"),
+            (geomjax.herglotz(Partial(foucault, DAMP), order=1, nonholonomic=FOUCAULT_C, newton=strict), x_fou, "affine"),
+            (geomjax.forced_dla(LA.discrete.lagrangian, LA.force, newton=strict), x_osc[:2], "affine"),
+            (STEPS["la-midpoint"][0], X0P[:2], "newton"),
+        )
+        for step, x0, expected in cases:
+            plans.clear()
+            jax.eval_shape(lambda x: step(x, 0.1), x0)  # decided when the step is traced
+            assert plans == [expected], (expected, plans)
+        # the linear solves agree with Newton's method on the same equations
+        step, x0, _ = cases[3]
+        solved = one_step(step, x0, 0.1)
+        variational._solve_plan = lambda *args: "newton"
+        fresh = geomjax.Newton(rtol=1e-14, atol=1e-14)  # a new static argument: traced again
+        iterated = one_step(
+            geomjax.herglotz(Partial(foucault, DAMP), order=1, nonholonomic=FOUCAULT_C, newton=fresh), x0, 0.1
+        )
+        np.testing.assert_allclose(solved, iterated, rtol=1e-13, atol=1e-15)
+    finally:
+        variational._solve_plan = original
 
 
 def test_bad_input_is_a_clear_error():

@@ -25,6 +25,15 @@ seed 002 eqs. (1), (15)), on (q, p):
 The unknowns of the Newton solve are the discrete velocity v = (q_{k+1} − q_k)/h, the
 action rate w = (z_{k+1} − z_k)/h when L_d depends on z_{k+1}, and the multipliers λ: all
 of natural size at any h, so the Newton tolerances mean the same at every step size.
+
+**Affine equations are solved, not iterated.** When L is quadratic in v and affine in z
+and the constraints are affine in v (every example of seed 002), the equations are affine
+in (v, λ), and with an implicit z₁ affine in w once (v, λ) are known. The step reads this
+off the jaxpr of its equations when it is traced (`geomjax._solve.structure`, structural
+and sound: a dependence is never missed) and then uses one linear solve (order 1, LA) or
+two (order 2: (v, λ), then w): the exact root, with no iteration and no convergence test
+to fail on round-off (the Foucault constraint's matrix is nearly singular where the bob
+passes the origin). Everything else goes to Newton's method.
 """
 
 from collections.abc import Callable
@@ -35,13 +44,15 @@ import jax.numpy as jnp
 
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
+from .._solve.structure import SystemStructure, linear_solve
+from ..internal.simplify import scalar_graph
 from .._system.contact import ContactLagrangianSystem, check_flat_contact_state, merge_contact, split_contact
 from .._system.discrete import DiscreteLagrangian, Rule, as_rule
 from .._system.lagrangian import LagrangianSystem
 from .._system.legendre import check_regular, velocity_hessian
 from .._system.velocity_constraints import AbstractVelocityConstraint, as_velocity_constraint
 from .._validate import _TRACE_ERRORS, require_invertible, untraceable_message
-from .base import AbstractStep, newton_status
+from .base import AbstractStep, newton_status, ok_status
 
 
 def _velocity_guess(lagrangian_qvz, q0, p0, z0):
@@ -51,6 +62,87 @@ def _velocity_guess(lagrangian_qvz, q0, p0, z0):
     zero = jnp.zeros_like(p0)
     w = velocity_hessian(f, (q0, z0), zero)
     return small_solve(w, p0 - jax.grad(f, argnums=1)((q0, z0), zero))
+
+
+class _Equations:
+    """The discrete variational equations of one step from (q₀, p₀, z₀) at time t₀, size h,
+    in the unknowns u = (v[, w][, λ]) (v = (q₁ − q₀)/h, w = (z₁ − z₀)/h, λ multipliers)."""
+
+    def __init__(self, discrete, force, constraint, constraint_rule, q0, p0, z0, t0, h):
+        self.discrete, self.force, self.constraint = discrete, force, constraint
+        self.q0, self.p0, self.z0, self.t0, self.h = q0, p0, z0, t0, h
+        self.contact = discrete.contact
+        self.implicit_z = self.contact and discrete.rule.implicit_z
+        if constraint is not None:
+            self.constraint_ld = DiscreteLagrangian(discrete.lagrangian, constraint_rule, self.contact)
+            self.forms0 = constraint.forms(q0)
+
+    def zeros(self):
+        """u = 0, shaped like the unknowns."""
+        dtype = self.p0.dtype
+        out = [jnp.zeros(self.q0.shape, dtype)]
+        if self.implicit_z:
+            out.append(jnp.zeros((), dtype))
+        if self.constraint is not None:
+            out.append(jnp.zeros((self.forms0.shape[0],), dtype))
+        return tuple(out)
+
+    def full(self, u):
+        it = iter(u)
+        v = next(it)
+        w = next(it) if self.implicit_z else None
+        lam = next(it) if self.constraint is not None else None
+        return v, w, lam
+
+    def unpack(self, u):
+        v, w, lam = self.full(u)
+        q1 = self.q0 + self.h * v
+        z1 = self.z0 + self.h * w if self.implicit_z else self.z0
+        return q1, z1, lam
+
+    def __call__(self, u):
+        q0, p0, z0, h, discrete = self.q0, self.p0, self.z0, self.h, self.discrete
+        q1, z1, lam = self.unpack(u)
+        d1, d3 = jax.grad(lambda a, c: discrete(a, q1, h, c, z1), argnums=(0, 1))(q0, z0)
+        r_p = p0 + d1 + p0 * d3 if self.contact else p0 + d1
+        if self.force is not None:
+            r_p = r_p + discrete.forces(self.force, q0, q1, h, self.t0)[0]
+        if self.constraint is not None:
+            r_p = r_p - jnp.sum(lam[:, None] * self.forms0, axis=0)
+        out = [r_p]
+        if self.implicit_z:
+            out.append(self.full(u)[1] - discrete(q0, q1, h, z0, z1) / h)
+        if self.constraint is not None:
+            out.append(self.constraint_ld.constraint(self.constraint, q0, q1, h))
+        return tuple(out)
+
+    def finish(self, u):
+        """(q₁, p₁, z₁) from the root u: p₁ = D₂L_d/(1 − D₄L_d) (+ F_d^+)."""
+        q0, z0, h, discrete = self.q0, self.z0, self.h, self.discrete
+        q1, z1, _ = self.unpack(u)
+        if not self.implicit_z:
+            z1 = z0 + discrete(q0, q1, h, z0, z0) if self.contact else z0
+        _, d2, _, d4 = discrete.derivatives(q0, q1, h, z0, z1)
+        p1 = d2 / (1.0 - d4) if self.contact else d2
+        if self.force is not None:
+            p1 = p1 + discrete.forces(self.force, q0, q1, h, self.t0)[1]
+        return q1, p1, z1
+
+
+def _linear_root(equations: _Equations, plan: str):
+    """The root of affine (`"affine"`) or block-triangular affine (`"staged"`) equations."""
+    zeros = equations.zeros()
+    if plan == "affine":
+        # Affine in (v, w, λ) (L quadratic in v and affine in z, constraints affine in v):
+        # one linear solve is the exact root; iterating would only re-test it.
+        return linear_solve(equations, zeros)
+    # The momentum and constraint equations do not involve w and are affine in (v, λ);
+    # the action equation is affine in w: two linear solves, (v, λ) then w.
+    rows = (0, 2) if equations.constraint is not None else (0,)
+    a0 = tuple(z for i, z in enumerate(zeros) if i != 1)
+    a = linear_solve(lambda b: _select(equations(_insert(b, zeros[1])), rows), a0)
+    w = linear_solve(lambda ww: equations(_insert(a, ww))[1], zeros[1])
+    return _insert(a, w)
 
 
 def _discrete_solve(
@@ -67,60 +159,67 @@ def _discrete_solve(
     newton: Newton,
 ):
     """One step (q₀, p₀, z₀) ↦ (q₁, p₁, z₁) of the discrete variational equations; also
-    returns whether the Newton solve converged."""
-    contact = discrete.contact
-    implicit_z = contact and discrete.rule.implicit_z
-    constraint_ld = None
-    if constraint is not None:
-        constraint_ld = DiscreteLagrangian(discrete.lagrangian, constraint_rule, contact)
-        forms0 = constraint.forms(q0)
+    returns whether the Newton solve converged (`None` when linear solves gave the root)."""
+    dtype = p0.dtype
+    z0, t0, h = (jnp.asarray(a, dtype) for a in (z0, t0, h))
 
-    def ld(q1, z1):
-        return discrete(q0, q1, h, z0, z1)
+    def equations_at(q0, p0, z0, t0, h):
+        return _Equations(discrete, force, constraint, constraint_rule, q0, p0, z0, t0, h)
 
-    def unpack(u):
-        v, w, lam = u
-        q1 = q0 + h * v
-        z1 = z0 + h * w if implicit_z else z0
-        return q1, z1, lam
+    equations = equations_at(q0, p0, z0, t0, h)
+    plan = _solve_plan(equations, equations.zeros(), q0.shape[0], equations.implicit_z)
+    if plan != "newton":
+        # Linear solves only: the whole step is a small expression, evaluated through its
+        # simplified scalar graph (constants folded, structural zeros dropped).
+        def step(q0, p0, z0, t0, h):
+            eqs = equations_at(q0, p0, z0, t0, h)
+            return eqs.finish(_linear_root(eqs, plan))
 
-    def residual(u):
-        q1, z1, lam = unpack(u)
-        d1, d3 = jax.grad(lambda a, c: discrete(a, q1, h, c, z1), argnums=(0, 1))(q0, z0)
-        r_p = p0 + d1 + p0 * d3 if contact else p0 + d1
-        if force is not None:
-            r_p = r_p + discrete.forces(force, q0, q1, h, t0)[0]
-        out = [r_p]
-        if implicit_z:
-            out.append(u[1] - ld(q1, z1) / h)
-        if constraint is not None:
-            out[0] = r_p - jnp.sum(lam[:, None] * forms0, axis=0)
-            out.append(constraint_ld.constraint(constraint, q0, q1, h))
-        return tuple(out)
-
+        # No convergence to report: a singular matrix makes the state non-finite, which
+        # the driver reports (nonfinite_first_step / diverged) from its own check.
+        return scalar_graph(step, q0, p0, z0, t0, h), None
     v_guess = _velocity_guess(discrete.lagrangian_qvz, q0, p0, z0)
     parts = [v_guess]
-    if implicit_z:
+    if equations.implicit_z:
         parts.append(discrete.lagrangian_qvz(q0, v_guess, z0))
     if constraint is not None:
-        parts.append(jnp.zeros((forms0.shape[0],), p0.dtype))
+        parts.append(jnp.zeros((equations.forms0.shape[0],), dtype))
+    sol = newton.solve(equations, tuple(parts))
+    return equations.finish(sol.value), sol.converged
 
-    def full(u):
-        it = iter(u)
-        v = next(it)
-        w = next(it) if implicit_z else None
-        lam = next(it) if constraint is not None else None
-        return v, w, lam
 
-    sol = newton.solve(lambda u: residual(full(u)), tuple(parts))
-    q1, z1, _ = unpack(full(sol.value))
-    if not implicit_z:
-        z1 = z0 + ld(q1, z0) if contact else z0
-    _, d2, _, d4 = discrete.derivatives(q0, q1, h, z0, z1)
-    p1 = d2 / (1.0 - d4) if contact else d2
-    if force is not None:
-        p1 = p1 + discrete.forces(force, q0, q1, h, t0)[1]
-    return (q1, p1, z1), sol.converged
+def _status(converged):
+    return ok_status() if converged is None else newton_status(converged)
+
+
+def _insert(a, w):
+    """(v, λ...) and w → (v, w, λ...)."""
+    return (a[0], w, *a[1:])
+
+
+def _select(out, indices):
+    return tuple(out[i] for i in indices)
+
+
+def _solve_plan(equations, zeros, n: int, implicit_z: bool) -> str:
+    """How to solve the step's equations, decided from their jaxpr at trace time (sound:
+    `SystemStructure`): `"affine"` (one linear solve), `"staged"` (with z₁ implicit: the
+    (v, λ) equations affine and free of w, then the w equation affine in w) or `"newton"`."""
+    structure = SystemStructure.of(equations, zeros)
+    m = structure.depends.shape[0]
+    everything = list(range(m))
+    if structure.affine(everything, everything):
+        return "affine"
+    if implicit_z:
+        w_index = [n]
+        others = [i for i in everything if i != n]
+        if (
+            structure.independent(others, w_index)
+            and structure.affine(others, others)
+            and structure.affine(w_index, w_index)
+        ):
+            return "staged"
+    return "newton"
 
 
 def _check_regular_at(lagrangian_qvz, q0, p0, z0, constraint):
@@ -193,7 +292,7 @@ class HerglotzStep(_VariationalStep):
             constraint_rule=self.constraint_rule,
             newton=self.newton,
         )
-        return out, newton_status(converged)
+        return out, _status(converged)
 
     def check(self, x0) -> None:
         check_flat_contact_state(x0, self.n, "geomjax.herglotz")
@@ -238,7 +337,7 @@ class ForcedDLAStep(_VariationalStep):
             constraint_rule=self.constraint_rule,
             newton=self.newton,
         )
-        return (q1, p1), newton_status(converged)
+        return (q1, p1), _status(converged)
 
     def check(self, x0) -> None:
         if x0.shape[0] % 2:
@@ -304,13 +403,16 @@ def herglotz(
     - `constraint_rule`: the discretizing map of the constraints (default `"left"` for
       order 1, as in seed 002 eq. (18); `"midpoint"` for order 2; `rule` itself when
       `rule` is given).
-    - `newton`: the `geomjax.Newton` of the implicit solve (default `Newton()`).
+    - `newton`: the `geomjax.Newton` of the implicit solve (default `Newton()`); not used
+      when the equations are affine (solved by linear solves, see the module docstring).
 
     **Returns:**
 
     A step for `geomjax.integrate(step, x0, dt=..., steps=...)` on flat states
     x = (q, p, z) of length 2n + 1. A Newton solve that fails is reported as
-    `RESULTS.newton_failed` with the step number.
+    `RESULTS.newton_failed` with the step number; where linear solves give the root (see
+    the module docstring), a singular matrix makes the state non-finite, reported as
+    `RESULTS.nonfinite_first_step` or `RESULTS.diverged`.
 
     Example (the damped oscillator of seed 002 §3.1; the energy decays as e^{−αt}):
 
@@ -397,7 +499,8 @@ def forced_dla(
     - `rule`: the discretizing map (a name or `psi(q0, q1, h)`; see
       `geomjax.discrete_lagrangian`); `"midpoint"` and `"trapezoidal"` give second order.
     - `constraint_rule`: the discretizing map of the constraints (default: `rule`).
-    - `newton`: the `geomjax.Newton` of the implicit solve.
+    - `newton`: the `geomjax.Newton` of the implicit solve; not used when the equations
+      are affine in the unknowns (then one linear solve gives the root).
 
     **Returns:**
 

@@ -27,7 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # One line per experiment module; importing a module registers its experiments.
-_MODULES = ("spherical_pendulum", "planar_pendulum", "nonholonomic_systems", "nonholonomic_oscillator")
+_MODULES = (
+    "spherical_pendulum",
+    "planar_pendulum",
+    "nonholonomic_systems",
+    "nonholonomic_oscillator",
+    "damped_oscillator",
+    "damped_foucault",
+)
 
 
 @dataclass(frozen=True)

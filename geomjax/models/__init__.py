@@ -11,3 +11,4 @@ from ._nonholonomic import (
     vertical_disk as vertical_disk,
 )
 from ._nonholonomic_groups import chaplygin_sleigh as chaplygin_sleigh, roller_racer as roller_racer, suslov as suslov
+from ._damped import DampedModel as DampedModel, damped_foucault as damped_foucault, damped_oscillator as damped_oscillator

@@ -1,0 +1,83 @@
+"""Structure of an implicit system F(u) = 0, read off its jaxpr: which equations are affine.
+
+Many implicit steps solve equations that are affine in some or all of their unknowns: the
+discrete Euler–Lagrange equations of a Lagrangian quadratic in the velocity are linear in
+the discrete velocity and the multipliers, a z-linear contact Lagrangian makes the action
+update linear in the new action. For such equations one linear solve is the exact answer,
+and Newton's method only repeats it to test convergence (and, with an ill-conditioned
+matrix, may fail that test on round-off alone).
+
+`SystemStructure.of(fn, guess)` traces F and its Jacobian to jaxprs and marks, with
+`geomjax.internal.sparsity.jacobian_pattern` (structural and sound: never misses a
+dependence), which residual entries can depend on which unknowns and which Jacobian
+entries can depend on which unknowns. "Affine in a block of unknowns" is then a fact
+about the graph, valid for every input and every parameter value, never a sample.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from ..internal.sparsity import jacobian_pattern
+from .linalg import small_solve
+
+
+class SystemStructure:
+    """Dependence patterns of F: R^m → R^m (flat) and of its Jacobian.
+
+    - `depends[i, j]`: residual i may depend on unknown j;
+    - `curved[i, j, k]`: ∂F_i/∂u_j may depend on unknown k (all False in the columns j, k
+      of a block means F is affine in that block).
+
+    Built at trace time; `None` entries (an analysis that failed) count as dense.
+    """
+
+    def __init__(self, depends: np.ndarray, curved: np.ndarray):
+        self.depends = depends
+        self.curved = curved
+
+    @classmethod
+    def of(cls, fn, guess) -> "SystemStructure":
+        """Analyse `fn(u)` (a pytree of arrays out with the flat size of `guess`) around the
+        shapes of `guess` (its values are not used)."""
+        flat, unravel = ravel_pytree(guess)
+        m = int(flat.shape[0])
+
+        def residual(y):
+            return ravel_pytree(fn(unravel(y)))[0]
+
+        try:
+            depends = jacobian_pattern(residual, m, flat.dtype)
+            curved = jacobian_pattern(lambda y: jax.jacfwd(residual)(y).ravel(), m, flat.dtype)
+        except Exception:  # an analysis that cannot trace: assume the worst
+            depends = np.ones((m, m), bool)
+            curved = np.ones((m * m, m), bool)
+        return cls(np.asarray(depends, bool), np.asarray(curved, bool).reshape(m, m, m))
+
+    def independent(self, rows: Sequence[int], cols: Sequence[int]) -> bool:
+        """True when no residual in `rows` can depend on an unknown in `cols`."""
+        return not self.depends[np.ix_(rows, cols)].any()
+
+    def affine(self, rows: Sequence[int], cols: Sequence[int]) -> bool:
+        """True when the residuals `rows` are affine in the unknowns `cols` (their Jacobian
+        in `cols` does not depend on `cols`), whatever the other unknowns are."""
+        return not self.curved[np.ix_(rows, cols, cols)].any()
+
+
+def linear_solve(fn, guess):
+    """The root of `fn`, affine in its unknowns, by one linear solve from `guess`:
+    u = u₀ − J⁻¹F(u₀) with J = ∂F/∂u by forward-mode autodiff (exact for affine F).
+
+    Returns the root (a singular J gives non-finite entries: check the result).
+    Differentiable in the parameters of `fn` like any expression (the solution formula
+    holds for all parameter values, so its derivatives are the implicit ones).
+    """
+    flat, unravel = ravel_pytree(guess)
+
+    def residual(y):
+        return ravel_pytree(fn(unravel(y)))[0]
+
+    value, jac = residual(flat), jax.jacfwd(residual)(flat)
+    return unravel(flat - small_solve(jac, value))
