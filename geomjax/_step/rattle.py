@@ -138,9 +138,15 @@ class Rattle(SystemStep):
     def advance(self, t, z, h, args):
         del t, args
         # Through the simplified scalar graph, as derived fields are (`geomjax.internal.
-        # simplify`; the Newton fallback loop is kept whole inside it): spherical pendulum,
-        # h = 1e-3, 50.3 → 44.0 ns/step (hand-written with 2 fixed iterations: 31.6).
-        return scalar_graph(self._advance, z, h)
+        # simplify`; the Newton fallback loop is kept whole inside it), for up to
+        # `_SIMPLIFIED_CONSTRAINTS` constraints. Measured (benchmarks/rattle.py,
+        # chain_scaling.py): spherical pendulum (k = 1) 50.3 → 44.0 ns/step; chain of 2
+        # links (k = 2) 139 → 84 ns; chain of 4 (k = 4, 4 × 4 solves written out) 2370 →
+        # 2620 ns and 0.45 s more to compile, so larger systems run as derived.
+        k = jax.eval_shape(lambda q: self._mech.g(q), z[0]).shape[0]
+        if k <= _SIMPLIFIED_CONSTRAINTS:
+            return scalar_graph(self._advance, z, h)
+        return self._advance(z, h)
 
     def _advance(self, z, h):
         q, p = z
@@ -167,6 +173,9 @@ class Rattle(SystemStep):
 #: fixed iterations and no check 31.3. `Newton(iterations=2)` (no loop) is the fast choice
 #: for runs known to stay at small h: a failed check is then reported, not repaired.
 RATTLE_ITERATIONS = 2
+
+#: The most constraints for which a RATTLE step goes through the simplification pass.
+_SIMPLIFIED_CONSTRAINTS = 2
 
 
 def _rattle_newton(newton, rtol, atol, max_iter, separable=True):
