@@ -396,6 +396,21 @@ class _Graph:
             return self._raw("add", (self.scale(ca, ta, dtype), self.scale(cb, tb, dtype)), dtype)
         if ta == tb:
             return self.scale(ca + cb, ta, dtype)
+        # Like terms one level down: c·(u ± w) + d·w = c·u + (d ± c)·w.
+        for (c1, t1), (c2, t2) in (((ca, ta), (cb, tb)), ((cb, tb), (ca, ta))):
+            if self._name(t1) in ("add", "sub") and t2 in self._args(t1):
+                u, w = self._args(t1)
+                other, w_sign = (u, 1 if self._name(t1) == "add" else -1) if w == t2 else (w, 1)
+                if other == t2:
+                    continue
+                if self._name(t1) == "sub" and w != t2:
+                    # t1 = t2 − other
+                    other_sign, w_coeff = -1, 1
+                else:
+                    other_sign, w_coeff = 1, w_sign
+                first = self.scale(c1 * other_sign, other, dtype)
+                second = self.scale(c1 * w_coeff + c2, t2, dtype)
+                return self._combine(first, second, 1, dtype)
         if ca == cb or ca == -cb:
             # sin²θ + cos²θ = 1 (the embedding of an angle as (cos θ, sin θ))
             if ca == cb:
