@@ -114,11 +114,17 @@ def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
     return record, monitor
 
 
-def begin(target, x0, dt, start_tol, drift_tol):
-    """The target specialised to this run, the loop carry at step 0 and the monitor."""
+def begin(target, x0, dt, start_tol, drift_tol, t0=0.0, args=None):
+    """The target specialised to this run, the loop carry at step 0 and the monitor.
+
+    A step's `start` may extend the pieces with what it carries from step to step (a
+    multistep method's history, computed by its starter)."""
     z0 = target.split(x0)
     target = target.at_start(z0)
     record, monitor = start_record(target, x0, dt, start_tol, drift_tol)
+    start = getattr(target, "start", None)
+    if start is not None:
+        z0 = start(t0, z0, dt, args)
     return target, (z0, record), monitor
 
 

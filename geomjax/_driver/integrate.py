@@ -268,9 +268,13 @@ def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):
 
 def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol):
     """Start check, loop, saves and status of a run in one compiled program."""
-    step, carry, monitor = begin(step, x0, dt, start_tol, drift_tol)
+    step, carry, monitor = begin(step, x0, dt, start_tol, drift_tol, t0, args)
     carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint)
     return _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
+
+
+def _begin_run(step, x0, dt, t0, args, start_tol, drift_tol):
+    return begin(step, x0, dt, start_tol, drift_tol, t0, args)
 
 
 def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint):
@@ -292,7 +296,7 @@ def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, 
         return sol
     # Outside jit a long run goes in chunks, so that Ctrl-C and the progress bar act
     # between them.
-    step, carry, monitor = compiled_call(begin, (start_tol, drift_tol), step, x0, dt)
+    step, carry, monitor = compiled_call(_begin_run, (start_tol, drift_tol), step, x0, dt, t0, args)
     bar = _progress_bar(steps, progress) if progress else None
     pieces = []
     for n in chunks:

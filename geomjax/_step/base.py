@@ -29,8 +29,13 @@ class AbstractStep(AbstractMonitored):
     def advance(self, t, z, h, args):
         """One step of size `h` from time `t` and pieces `z`: returns `(z_next, result)`."""
 
+    def start(self, t0, z0, h, args):
+        """The loop carry at the start of a run from the pieces `z0`: `z0` itself for a
+        one-step method; a multistep method adds the history its starter computes."""
+        return z0
+
     def __call__(self, x, h, t=0.0, args=None):
-        z, _ = self.advance(t, self.split(x), h, args)
+        z, _ = self.advance(t, self.start(t, self.split(x), h, args), h, args)
         return self.merge(z)
 
 
