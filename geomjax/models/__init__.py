@@ -12,3 +12,11 @@ from ._nonholonomic import (
 )
 from ._nonholonomic_groups import chaplygin_sleigh as chaplygin_sleigh, roller_racer as roller_racer, suslov as suslov
 from ._damped import DampedModel as DampedModel, damped_foucault as damped_foucault, damped_oscillator as damped_oscillator
+from ._dirac import (
+    LagrangianModel as LagrangianModel,
+    cartesian_pendulum as cartesian_pendulum,
+    column_angles as column_angles,
+    column_state as column_state,
+    pendulum_state as pendulum_state,
+    ziegler_column as ziegler_column,
+)
