@@ -34,6 +34,7 @@ _MODULES = (
     "nonholonomic_oscillator",
     "damped_oscillator",
     "damped_foucault",
+    "pendulum_dirac",
 )
 
 

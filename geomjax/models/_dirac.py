@@ -85,7 +85,7 @@ def cartesian_pendulum(m=1.0, g=1.0, length=1.0, angle=1.0) -> LagrangianModel:
     params = model_params(m=m, g=g, length=length)
     lagrangian = Partial(_pendulum_lagrangian, params)
     constraint = Partial(_pendulum_constraint, params)
-    lsys = LagrangianSystem(lagrangian, 2, holonomic=constraint)
+    lsys = LagrangianSystem(lagrangian, 2, holonomic=constraint, quadratic=True)
     x0 = pendulum_state(angle, params["length"])
     return LagrangianModel("cartesian_pendulum", lsys, lsys.to_hamiltonian(), params, flat_state(x0), 1)
 
@@ -189,6 +189,6 @@ def ziegler_column(n=2, k=1.0, P=0.4, lengths=1.0, m=1.0, angles=None) -> Lagran
         raise ValueError(f"angles must have shape ({n},), got {angles.shape}")
     lagrangian = Partial(_column_lagrangian, params)
     constraint = Partial(_column_constraint, params)
-    lsys = LagrangianSystem(lagrangian, 2 * n, holonomic=constraint)
+    lsys = LagrangianSystem(lagrangian, 2 * n, holonomic=constraint, quadratic=True)
     x0 = column_state(angles, ell, m=mass)
     return LagrangianModel("ziegler_column", lsys, lsys.to_hamiltonian(), params, x0, n)
