@@ -35,6 +35,7 @@ _MODULES = (
     "damped_oscillator",
     "damped_foucault",
     "pendulum_dirac",
+    "ziegler",
 )
 
 

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from jax.tree_util import Partial
 
 from .._system.lagrangian import LagrangianSystem
+from .._system.structures import canonical
+from .._system.system import System
 from ._model import flat_state, model_params
 
 
@@ -23,7 +25,8 @@ class LagrangianModel(eqx.Module):
 
     - `name`: short identifier.
     - `lagrangian_system`: the `geomjax.LagrangianSystem(L, n, holonomic=φ)`.
-    - `system`: its Hamiltonian form (`lagrangian_system.to_hamiltonian()`), for
+    - `system`: its Hamiltonian form (`lagrangian_system.to_hamiltonian()`, or the same
+      H written out), for
       `geomjax.dirac_field`, `geomjax.rattle`, `geomjax.feedback_field`.
     - `params`: the parameter values, a dict of float64 scalars.
     - `x0`: the initial flat state (q₀, p₀).
@@ -119,6 +122,15 @@ def _column_lagrangian(params, q, v):
     return kinetic - load - springs
 
 
+def _column_hamiltonian(params, x):
+    """H = Σ |p_i|²/2m_i + V(q), V = −L(q, 0): the Legendre transform of L written out
+    (cheaper in the fields' nested derivatives than the autodiff Legendre inverse)."""
+    n2 = x.shape[0] // 2
+    q, p = x[:n2], x[n2:]
+    kinetic = 0.5 * jnp.sum(jnp.sum(p.reshape(-1, 2) ** 2, axis=1) / params["m"])
+    return kinetic - _column_lagrangian(params, q, jnp.zeros_like(q))
+
+
 def _column_constraint(params, q):
     d = _rods(q)
     return jnp.sum(d * d, axis=1) - params["lengths"] ** 2
@@ -191,4 +203,5 @@ def ziegler_column(n=2, k=1.0, P=0.4, lengths=1.0, m=1.0, angles=None) -> Lagran
     constraint = Partial(_column_constraint, params)
     lsys = LagrangianSystem(lagrangian, 2 * n, holonomic=constraint, quadratic=True)
     x0 = column_state(angles, ell, m=mass)
-    return LagrangianModel("ziegler_column", lsys, lsys.to_hamiltonian(), params, x0, n)
+    system = System(Partial(_column_hamiltonian, params), canonical(2 * n), holonomic=constraint)
+    return LagrangianModel("ziegler_column", lsys, system, params, x0, n)
