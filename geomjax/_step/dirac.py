@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from .._solve.newton import Newton, as_newton
-from .._solve.structure import SystemStructure, linear_solve
+from .._solve.structure import SystemStructure, linear_solve, saddle_linear_solve
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
 from .._validate import _TRACE_ERRORS, untraceable_message
 from ..internal.simplify import scalar_graph
@@ -181,7 +181,9 @@ class DiracStep(AbstractStep):
 
             def solve(past, q, p, h):
                 eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
-                return eqs.finish(linear_solve(eqs, eqs.zeros()))
+                zeros = eqs.zeros()
+                root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros)
+                return eqs.finish(root)
 
             # One linear solve is the root: no convergence to report (a singular matrix
             # makes the state non-finite, which the driver reports).
