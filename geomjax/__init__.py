@@ -86,6 +86,12 @@ from ._step.variational import (
     herglotz as herglotz,
 )
 from ._step.contact_splitting import ContactSplittingStep as ContactSplittingStep, contact_splitting as contact_splitting
+from ._system.implicit import ImplicitLagrangian as ImplicitLagrangian
+from ._step.dirac import DiracStep as DiracStep, dirac as dirac, dirac1 as dirac1, dirac2 as dirac2
+from ._step.multistep import (  # importing registers "ab2", "ab3", "ab4"
+    AdamsBashforth as AdamsBashforth,
+    adams_bashforth as adams_bashforth,
+)
 from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"

@@ -81,6 +81,17 @@ def singular_g(q):
     return jnp.atleast_1d((q @ q - 1.0) ** 2)  # Dg = 0 on the sphere
 
 
+def cartesian_l(q, v):
+    return 0.5 * v @ v - 9.81 * q[1]
+
+
+def cartesian_phi(q):
+    return jnp.array([q @ q - 1.0])
+
+
+CARTESIAN_X0 = jnp.array([np.sin(0.5), -np.cos(0.5), 0.0, 0.0])
+
+
 def raises(exc, pattern):
     return ("raises", exc, pattern)
 
@@ -235,6 +246,25 @@ ROWS = [
     ("herglotz-newton", "Newton does not converge in a Herglotz step (max_steps=1, L not quadratic in v)", "integrate(herglotz)",
      lambda c: geomjax.integrate(geomjax.herglotz(lambda q, v, z: 0.5 * v @ v + (v @ v) ** 2 / 12 + jnp.cos(q[0]) - 0.5 * z, order=2, newton=geomjax.Newton(max_steps=1)), jnp.array([0.3, 0.2, 0.0]), dt=0.1, steps=5),
      raises(geomjax.IntegrationError, "step 1.*Newton")),
+    # ---------------------------------------------------------------- Dirac integrators (Cartesian pendulum)
+    ("dirac-odd-length", "x0 of odd length", "integrate(dirac1)",
+     lambda c: geomjax.integrate(geomjax.dirac1(cartesian_l, holonomic=cartesian_phi), jnp.ones(5), dt=0.1, steps=2),
+     raises(ValueError, "flat states x = \\(q, p\\) of even length")),
+    ("dirac-dependent", "φ = (|q|² − 1, 2(|q|² − 1)): dependent constraints", "integrate(dirac1), integrate(dirac2)",
+     lambda c: geomjax.integrate(geomjax.dirac2(cartesian_l, holonomic=lambda q: jnp.array([q @ q - 1.0, 2 * (q @ q) - 2.0])), CARTESIAN_X0, dt=0.1, steps=2),
+     raises(ValueError, "constraint one-forms .* linearly dependent")),
+    ("dirac-off", "q0 off φ = 0 by 1e−3", "integrate(dirac1)",
+     lambda c: geomjax.integrate(geomjax.dirac1(cartesian_l, holonomic=cartesian_phi), CARTESIAN_X0.at[0].add(1e-3), dt=0.1, steps=2),
+     raises(ValueError, "off the constraint set")),
+    ("dirac-newton", "Newton does not converge (L quartic in v, max_steps=1)", "integrate(dirac1(constraint=\"position\"))",
+     lambda c: geomjax.integrate(geomjax.dirac1(lambda q, v: cartesian_l(q, v) + (v @ v) ** 2, holonomic=cartesian_phi, constraint="position", newton=geomjax.Newton(max_steps=1)), CARTESIAN_X0, dt=0.1, steps=5, drift_tol=None),
+     raises(geomjax.IntegrationError, "step 1.*Newton")),
+    ("dirac-drift", "Dirac-1 with the default drift_tol over 60 s", "integrate(dirac1)",
+     lambda c: geomjax.integrate(geomjax.dirac1(cartesian_l, holonomic=cartesian_phi), CARTESIAN_X0, dt=0.02, steps=3000, save_every=100),
+     raises(geomjax.IntegrationError, "drifted|constraint")),
+    ("dirac2-stepsolver", "a multistep step given to diffrax", "StepSolver(dirac2)",
+     lambda c: geomjax.StepSolver(geomjax.dirac2(cartesian_l, holonomic=cartesian_phi)),
+     raises(ValueError, "multistep method")),
     ("euler-1.5", "feedback Euler at 1.5 × euler_step_limit", "integrate", lambda c: run(c.feedback, c.x0, dt=1.5 * float(c.feedback.euler_step_limit(c.x0)), steps=40),
      raises(geomjax.IntegrationError, "first integral drifted")),
     ("euler-3", "feedback Euler at 3 × euler_step_limit, drift_tol=None", "integrate", lambda c: run(c.feedback, c.x0, dt=3.0 * float(c.feedback.euler_step_limit(c.x0)), steps=40, drift_tol=None),

@@ -53,6 +53,12 @@ class StepSolver(diffrax.AbstractSolver):
 
     def __init__(self, step, order: int = 1):
         self.step_map = step if isinstance(step, AbstractStep) else FunctionStep(step)
+        if self.step_map.carries_history:
+            raise ValueError(
+                "StepSolver takes one-step methods; this step is a multistep method (it "
+                "carries past values from step to step, which diffrax's steps cannot): run "
+                "it with geomjax.integrate"
+            )
         self.step_order = order
 
     def order(self, terms):

@@ -81,3 +81,34 @@ def linear_solve(fn, guess):
 
     value, jac = residual(flat), jax.jacfwd(residual)(flat)
     return unravel(flat - small_solve(jac, value))
+
+
+def saddle_linear_solve(fn, guess):
+    """The root of `fn`, affine in its two blocks of unknowns `guess = (u, μ)`, by block
+    elimination on the leading block: for the Jacobian [[A, B], [C, D]] (A = ∂F₁/∂u),
+
+        S = D − C A⁻¹B,   δμ = S⁻¹(F₂ − C A⁻¹F₁),   δu = A⁻¹(F₁ − B δμ).
+
+    The systems of constrained mechanics have this form with A the (scaled) velocity
+    Hessian of a regular Lagrangian, invertible for small steps, and D = 0: solving A
+    and the small Schur complement S needs no pivoting across the blocks, which a dense
+    elimination of the whole (indefinite) matrix does; through `scalar_graph` a constant
+    A then folds away (the pendulum's A = m I leaves one division for S).
+    """
+    (u, mu) = guess
+    flat_u, unravel_u = ravel_pytree(u)
+    flat_mu, unravel_mu = ravel_pytree(mu)
+    n = int(flat_u.shape[0])
+
+    def residual(a, b):
+        return ravel_pytree(fn((unravel_u(a), unravel_mu(b))))[0]
+
+    value = residual(flat_u, flat_mu)
+    jac_u, jac_mu = jax.jacfwd(residual, argnums=(0, 1))(flat_u, flat_mu)
+    a, b, c, d = jac_u[:n], jac_mu[:n], jac_u[n:], jac_mu[n:]
+    ai_r = small_solve(a, value[:n])
+    ai_b = small_solve(a, b)
+    schur = d - c @ ai_b
+    d_mu = small_solve(schur, value[n:] - c @ ai_r)
+    d_u = ai_r - ai_b @ d_mu
+    return unravel_u(flat_u - d_u), unravel_mu(flat_mu - d_mu)

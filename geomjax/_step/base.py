@@ -29,6 +29,11 @@ class AbstractStep(AbstractMonitored):
     def advance(self, t, z, h, args):
         """One step of size `h` from time `t` and pieces `z`: returns `(z_next, result)`."""
 
+    @property
+    def carries_history(self) -> bool:
+        """True for a multistep method (its loop pieces hold past values)."""
+        return False
+
     def start(self, t0, z0, h, args):
         """The loop carry at the start of a run from the pieces `z0`: `z0` itself for a
         one-step method; a multistep method adds the history its starter computes."""

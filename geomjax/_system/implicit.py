@@ -36,11 +36,15 @@ _QUADRATIC: dict = {}
 
 def _is_quadratic(lagrangian, n: int) -> bool:
     """Whether L is quadratic in v, read off the jaxpr once per (L, n) (sound)."""
-    key = (lagrangian, n)
-    if key not in _QUADRATIC:
-        zeros = jnp.zeros((n,))
-        _QUADRATIC[key] = not hessian_dependence(lambda q, v: lagrangian(q, v), zeros, zeros)[0]
-    return _QUADRATIC[key]
+    zeros = jnp.zeros((n,))
+    try:
+        key = (lagrangian, n)
+        cached = _QUADRATIC.get(key)
+    except TypeError:  # an unhashable callable (a module holding traced parameters)
+        return not hessian_dependence(lambda q, v: lagrangian(q, v), zeros, zeros)[0]
+    if cached is None:
+        cached = _QUADRATIC[key] = not hessian_dependence(lambda q, v: lagrangian(q, v), zeros, zeros)[0]
+    return cached
 
 
 class ImplicitLagrangian(eqx.Module):

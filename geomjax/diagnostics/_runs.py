@@ -18,7 +18,8 @@ def _iterate(step: AbstractStep, x0, h, n):
         z1, st = step.advance(i * h, z, h, None)
         return z1, where_first(status, st)
 
-    z, status = lax.fori_loop(0, n, body, (step.split(x0), RESULTS.successful))
+    z0 = step.start(jnp.zeros((), h.dtype), step.split(x0), h, None)
+    z, status = lax.fori_loop(0, n, body, (z0, RESULTS.successful))
     return step.merge(z), status
 
 

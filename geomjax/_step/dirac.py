@@ -1,0 +1,360 @@
+"""Dirac integrators of implicit Lagrangian systems: Dirac-1, Dirac-2 and their family.
+
+Seed 003 (Salnikov–Hamdouni, §III.B) discretises the implicit Lagrangian system
+(`geomjax._system.implicit`) q̇ = v, ṗ = ∂L/∂q + α(q)ᵀλ, p = ∂L/∂v, α(q)·v = 0 by
+replacing the velocity with an approximation q̃ built from positions (the inverse of a
+retraction), ∂L/∂q by ∂L_d/∂q_k and ∂L/∂v by ∂L_d/∂q_k⁺, with L_d = h L(q_k, q̃). For
+its pendulum this gives eq. (7); for any L and constraints the step
+(q_k, p_k) ↦ (q_{k+1}, p_{k+1}) solves, for q_{k+1} and λ,
+
+    p_{k+1} = ∂L/∂v(q_k, q̃),
+    p_{k+1} = p_k + h (∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
+    α(q_k)·q̃ (+ β(q_k)) = 0,
+
+with q̃ = (q_{k+1} − q_k)/h for **Dirac-1** (the implicit discrete Lagrangian system of
+Leok–Ohsawa: the same map as the forced discrete Lagrange–d'Alembert step with the left
+rule) and q̃ = (q_{k+1} − q_{k−1})/2h for **Dirac-2** (a two-step method). The multiplier
+is scaled by h, so λ approximates the continuous multiplier. Every derivative comes from
+autodiff of the user's L and φ (α = Dφ for holonomic constraints).
+
+**What the seed leaves open, and the choices made here.**
+
+- The velocity approximation is the design freedom the seed stresses: `geomjax.dirac`
+  takes any callable `velocity(past, q, q_next, h) ↦ q̃`, with `past` the `history`
+  positions before q_k (oldest first); Dirac-1 and Dirac-2 are two such callables.
+- A two-step method needs q_{−1}: the step's `start` computes it with a backward step of
+  size −h of a one-step `starter` (default: Dirac-1 in 16 substeps), so that
+  `geomjax.integrate(step, x0, ...)` starts from (q₀, p₀) alone and saves (q, p).
+- The seed imposes the constraint at the velocity level, α(q_k)·q̃ = 0, so the holonomic
+  constraint φ(q) drifts (seed Table I: 0.952 for Dirac-1 after 100 periods).
+  `constraint="position"` imposes φ(q_{k+1}) = 0 instead (kept to Newton tolerance; the
+  nonholonomic rows stay at the velocity level).
+
+**Orders (measured, `tests/test_dirac.py`).** Dirac-1 is first order in q and p (its q
+sequence is Störmer–Verlet's, but p_{k+1} = ∂L/∂v(q_k, q̃) is the momentum at t_{k+½}).
+Dirac-2 as printed is first order too, not second: eliminating p, its positions satisfy
+q_{k+1} − q_k − q_{k−1} + q_{k−2} = 2h² M⁻¹ ∂L/∂q(q_k) (+ constraint forces), a linear
+multistep recurrence with ρ(ζ) = (ζ − 1)²(ζ + 1), σ(ζ) = 2ζ², whose error constant
+ρ(eʰ) − h²σ(eʰ) = −h³ + O(h⁴) is of order 1; on the harmonic oscillator it damps the
+amplitude by e^{−ht/4}. Its "order 2" (seed Table I) is that of its velocity
+approximation and of its constraint, α(q_k)·(q_{k+1} − q_{k−1})/2h = 0, which is why
+it keeps the constraint far better than Dirac-1.
+
+**Solves.** When L is quadratic in v and the imposed constraints are affine in q_{k+1}
+(the velocity level), the equations are affine in (q_{k+1}, λ) — decided from their jaxpr
+(`geomjax._solve.structure`, sound) — and one linear solve is the exact root, evaluated
+through its simplified scalar graph. Otherwise Newton's method (`geomjax.Newton`, exact
+implicit derivatives) solves for w = (q_{k+1} − q_k)/h and the impulse hλ, and a failure is reported
+as `RESULTS.newton_failed`.
+"""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._solve.newton import Newton, as_newton
+from .._solve.structure import SystemStructure, linear_solve, saddle_linear_solve
+from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
+from .._validate import _TRACE_ERRORS, untraceable_message
+from ..internal.simplify import scalar_graph
+from .base import AbstractStep, newton_status, ok_status
+
+
+def forward_difference(past, q, q_next, h):
+    """Dirac-1's velocity approximation q̃ = (q_{k+1} − q_k)/h."""
+    del past
+    return (q_next - q) / h
+
+
+def centred_difference(past, q, q_next, h):
+    """Dirac-2's velocity approximation q̃ = (q_{k+1} − q_{k−1})/2h."""
+    return (q_next - past[-1]) / (2.0 * h)
+
+
+_IMPOSED = ("velocity", "position")
+
+
+class _Equations:
+    """The equations of one Dirac step from (past, q_k, p_k), in u = (w, μ): w = (q_{k+1} − q_k)/h
+    and the impulse μ = hλ."""
+
+    def __init__(self, system: ImplicitLagrangian, velocity, imposed, past, q, p, h):
+        self.system, self.velocity, self.imposed = system, velocity, imposed
+        self.past, self.q, self.p, self.h = past, q, p, h
+        self.forms = system.forms(q) if system.constrained else None
+
+    def zeros(self):
+        out = [jnp.zeros_like(self.q)]
+        if self.forms is not None:
+            out.append(jnp.zeros((self.forms.shape[0],), self.q.dtype))
+        return tuple(out)
+
+    def approximate_velocity(self, u):
+        q_next = self.q + self.h * u[0]
+        return q_next, self.velocity(self.past, self.q, q_next, self.h)
+
+    def __call__(self, u):
+        system, q, h = self.system, self.q, self.h
+        q_next, qt = self.approximate_velocity(u)
+        dq, dv = system.derivatives(q, qt)
+        # The unknown multiplier is the impulse μ = hλ: of the size of a momentum at any
+        # h, so that the Newton update test means the same at every step size.
+        out = [dv - self.p - h * dq]
+        if self.forms is not None:
+            out[0] = out[0] - self.forms.T @ u[1]
+        if self.forms is not None:
+            if self.imposed == "position" and system.holonomic is not None:
+                k_h = system.position_constraints(q).shape[0]
+                rows = [system.position_constraints(q_next) / h]
+                if system.nonholonomic is not None:
+                    rows.append(system.constraint(q, qt)[k_h:])
+                out.append(jnp.concatenate(rows))
+            else:
+                out.append(system.constraint(q, qt))
+        return tuple(out)
+
+    def finish(self, u):
+        """(q_{k+1}, p_{k+1} = ∂L/∂v(q_k, q̃))."""
+        q_next, qt = self.approximate_velocity(u)
+        return q_next, self.system.momentum(self.q, qt)
+
+
+def _affine(equations: _Equations) -> bool:
+    zeros = equations.zeros()
+    structure = SystemStructure.of(equations, zeros)
+    everything = list(range(structure.depends.shape[0]))
+    return structure.affine(everything, everything)
+
+
+class DiracStep(AbstractStep):
+    """A Dirac integrator step on (q, p); built by `geomjax.dirac1`, `geomjax.dirac2`, `geomjax.dirac`.
+
+    `advance(t, z, h, args)` returns `(z_next, status)`; for a method with history the
+    pieces are `(q, p, past)` with `past` the previous positions (oldest first), set up
+    by `start` from (q₀, p₀).
+    """
+
+    system: ImplicitLagrangian
+    velocity: Callable
+    starter: AbstractStep | None
+    newton: Newton
+    history: int = eqx.field(static=True)
+    imposed: str = eqx.field(static=True)
+    starter_substeps: int = eqx.field(static=True, default=16)
+
+    @property
+    def dim(self):
+        return None if self.system.n is None else 2 * self.system.n
+
+    @property
+    def carries_history(self) -> bool:
+        return self.history > 0
+
+    def split(self, x):
+        return self.system.split(x)
+
+    def merge(self, z):
+        return jnp.concatenate([z[0], z[1]])
+
+    def start(self, t0, z0, h, args):
+        if not self.history:
+            return z0
+        q, p = z0[0], z0[1]
+        past = []
+        state = (q, p)
+        sub = -h / self.starter_substeps
+        for _ in range(self.history):
+            for _ in range(self.starter_substeps):
+                state, _ = self.starter.advance(t0, state, sub, args)
+            past.insert(0, state[0])
+        return (q, p, tuple(past))
+
+    def advance(self, t, z, h, args):
+        del t, args
+        q, p = z[0], z[1]
+        past = z[2] if self.history else ()
+        h = jnp.asarray(h, q.dtype)
+        equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
+        if _affine(equations):
+
+            def solve(past, q, p, h):
+                eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
+                zeros = eqs.zeros()
+                root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros)
+                return eqs.finish(root)
+
+            # One linear solve is the root: no convergence to report (a singular matrix
+            # makes the state non-finite, which the driver reports).
+            (q_next, p_next), status = scalar_graph(solve, past, q, p, h), ok_status()
+        else:
+            guess = list(equations.zeros())
+            guess[0] = self.system.velocity(q, p)
+            sol = self.newton.solve(equations, tuple(guess))
+            (q_next, p_next), status = equations.finish(sol.value), newton_status(sol.converged)
+        if not self.history:
+            return (q_next, p_next), status
+        return (q_next, p_next, tuple(past[1:]) + (q,)), status
+
+    def __call__(self, x, h, t=0.0, args=None):
+        z, _ = self.advance(t, self.start(t, self.split(x), h, args), h, args)
+        return self.merge(z)
+
+    def check(self, x0) -> None:
+        self.system.check(x0, "a Dirac integrator")
+        try:
+            jax.eval_shape(lambda x: self.advance(0.0, self.start(0.0, self.split(x), 0.1, None), 0.1, None)[0], x0)
+        except _TRACE_ERRORS as err:
+            raise TypeError(untraceable_message("the lagrangian L(q, v), the constraints or the velocity approximation", err)) from err
+
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
+
+
+def dirac(
+    lagrangian,
+    holonomic: Callable | None = None,
+    nonholonomic=None,
+    *,
+    velocity: Callable = forward_difference,
+    history: int = 0,
+    constraint: str = "velocity",
+    starter: AbstractStep | None = None,
+    newton: Newton | None = None,
+) -> DiracStep:
+    """A Dirac integrator (seed 003 §III.B) with a velocity approximation of your choice.
+
+    One step (q_k, p_k) ↦ (q_{k+1}, p_{k+1}) of size h solves, for q_{k+1} and λ,
+
+        p_{k+1} = ∂L/∂v(q_k, q̃),   p_{k+1} = p_k + h (∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
+        α(q_k)·q̃ (+ β(q_k)) = 0,
+
+    with q̃ = `velocity(past, q_k, q_{k+1}, h)` and α the constraint one-forms (α = Dφ of
+    the holonomic constraints φ, and the nonholonomic one-forms), all by autodiff. See
+    the module `geomjax._step.dirac` for the solves and the measured orders.
+
+    **Arguments:**
+
+    - `lagrangian`: `(q, v) ↦ L`, a scalar, or a `geomjax.LagrangianSystem` (its
+      constraints are used).
+    - `holonomic`: `q ↦ φ(q)`, shape `(k,)`: holonomic constraints φ(q) = 0.
+    - `nonholonomic`: `alpha(q)` (shape `(k, n)`, α(q)·v = 0) or a
+      `geomjax.VelocityConstraint(phi)`.
+    - `velocity`: `(past, q, q_next, h) ↦ q̃`, the velocity approximation (the inverse of
+      a retraction); `past` is the tuple of the `history` positions before q (oldest
+      first). Default: the forward difference (Dirac-1).
+    - `history`: how many past positions `velocity` reads (0 for a one-step method).
+    - `constraint`: `"velocity"` (the seed's α(q_k)·q̃ = 0) or `"position"` (φ(q_{k+1}) = 0
+      for the holonomic rows).
+    - `starter`: a one-step geomjax step on (q, p) that computes the past positions by
+      backward steps (default: Dirac-1 with the same constraints, in 16 substeps).
+    - `newton`: the `geomjax.Newton` of the implicit solve (not used when the equations
+      are affine: see the module docstring).
+
+    **Returns:**
+
+    A step for `geomjax.integrate(step, x0, dt=..., steps=...)` on flat states
+    x = (q, p) of length 2n.
+
+    Example (a velocity approximation of your own: the backward-looking three-point rule):
+
+    ```python
+    >>> import geomjax, jax.numpy as jnp
+    >>> L = lambda q, v: 0.5 * v @ v - 9.81 * q[1]
+    >>> phi = lambda q: jnp.array([q @ q - 1.0])
+    >>> three_point = lambda past, q, q1, h: (3 * q1 - 4 * q + past[-1]) / (2 * h)
+    >>> step = geomjax.dirac(L, holonomic=phi, velocity=three_point, history=1)
+    >>> x0 = jnp.array([1.0, 0.0, 0.0, 0.0])
+    >>> sol = geomjax.integrate(step, x0, dt=1e-3, steps=100, drift_tol=None)
+    >>> sol.message, sol.xs.shape
+    ('success', (101, 4))
+
+    ```
+    """
+    system = as_implicit_lagrangian(lagrangian, holonomic, nonholonomic, newton)
+    if not callable(velocity):
+        raise TypeError(f"velocity must be a callable (past, q, q_next, h) ↦ q̃, got {type(velocity).__name__}")
+    if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+        raise ValueError(f"history (the number of past positions velocity reads) must be an integer ≥ 0, got {history!r}")
+    if constraint not in _IMPOSED:
+        raise ValueError(f"constraint must be one of {_IMPOSED}, got {constraint!r}")
+    if starter is not None and not isinstance(starter, AbstractStep):
+        raise TypeError(f"starter must be a geomjax step on (q, p) (e.g. geomjax.dirac1(...)), got {type(starter).__name__}")
+    newton = as_newton(newton)
+    if history and starter is None:
+        starter = DiracStep(system, forward_difference, None, newton, 0, constraint)
+    return DiracStep(system, velocity, starter if history else None, newton, history, constraint)
+
+
+def dirac1(lagrangian, holonomic: Callable | None = None, nonholonomic=None, *, constraint: str = "velocity", newton: Newton | None = None) -> DiracStep:
+    """Dirac-1 (seed 003 eq. (7), q̃ = (q_{k+1} − q_k)/h): a first-order Dirac integrator.
+
+    Solves p_{k+1} = ∂L/∂v(q_k, q̃), p_{k+1} = p_k + h(∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
+    α(q_k)·q̃ = 0 for (q_{k+1}, λ), with every derivative by autodiff of `lagrangian(q, v)`
+    and `holonomic(q)` (α = Dφ). Arguments as for `geomjax.dirac`; a step for
+    `geomjax.integrate` on x = (q, p).
+
+    Example (seed 003 §IV.A's pendulum in Cartesian coordinates):
+
+    ```python
+    >>> import geomjax, jax.numpy as jnp
+    >>> m, g, l = 1.0, 9.81, 1.0
+    >>> L = lambda q, v: 0.5 * m * v @ v - m * g * q[1]
+    >>> phi = lambda q: jnp.array([q @ q - l**2])
+    >>> step = geomjax.dirac1(L, holonomic=phi)
+    >>> x0 = jnp.array([jnp.sin(0.5), -jnp.cos(0.5), 0.0, 0.0])   # at rest, 0.5 rad out
+    >>> sol = geomjax.integrate(step, x0, dt=1e-3, steps=1000, drift_tol=None)
+    >>> q = sol.xs[-1, :2]
+    >>> bool(abs(q @ q - 1.0) < 1e-2)      # the constraint drifts, slowly
+    True
+
+    ```
+    """
+    return dirac(lagrangian, holonomic, nonholonomic, constraint=constraint, newton=newton)
+
+
+def dirac2(
+    lagrangian,
+    holonomic: Callable | None = None,
+    nonholonomic=None,
+    *,
+    constraint: str = "velocity",
+    starter: AbstractStep | None = None,
+    newton: Newton | None = None,
+) -> DiracStep:
+    """Dirac-2 (seed 003 §III.B, q̃ = (q_{k+1} − q_{k−1})/2h): a two-step Dirac integrator.
+
+    The equations of `geomjax.dirac1` with the centred velocity approximation. The step
+    carries q_{k−1}; its `start` computes q_{−1} by a backward step of `starter` (default
+    Dirac-1 in 16 substeps), so `geomjax.integrate(step, x0, ...)` takes (q₀, p₀) and
+    saves (q, p). Its centred constraint α(q_k)·(q_{k+1} − q_{k−1})/2h = 0 keeps φ far
+    better than Dirac-1; its trajectory is first order (see `geomjax._step.dirac`).
+
+    Example:
+
+    ```python
+    >>> import geomjax, jax.numpy as jnp
+    >>> L = lambda q, v: 0.5 * v @ v - 9.81 * q[1]
+    >>> phi = lambda q: jnp.array([q @ q - 1.0])
+    >>> x0 = jnp.array([jnp.sin(0.5), -jnp.cos(0.5), 0.0, 0.0])
+    >>> run = lambda step: geomjax.integrate(step, x0, dt=1e-2, steps=2000, drift_tol=None).xs[-1, :2]
+    >>> drift = lambda q: float(abs(q @ q - 1.0))
+    >>> drift(run(geomjax.dirac2(L, holonomic=phi))) < drift(run(geomjax.dirac1(L, holonomic=phi))) / 10
+    True
+
+    ```
+    """
+    return dirac(
+        lagrangian,
+        holonomic,
+        nonholonomic,
+        velocity=centred_difference,
+        history=1,
+        constraint=constraint,
+        starter=starter,
+        newton=newton,
+    )
