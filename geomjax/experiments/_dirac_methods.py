@@ -134,6 +134,8 @@ def available(names):
 
 def target(name, model, h):
     """The field or step a method integrates, for `_common.default_check`."""
+    if name == "dirac2" and has("dirac2"):
+        return geomjax.dirac2(model.lagrangian, holonomic=model.holonomic)
     if name in ("dirac1", "dirac2"):
         return dirac1_step(model)
     if name == "rattle":
