@@ -86,9 +86,11 @@ def test_pendulum_dirac_smoke(tmp_path):
 
 
 def test_ziegler_column_smoke(tmp_path):
-    out = ziegler.run_column(tmp_path, False, t_final=2.0, methods=("dirac1", "dirac2"))
+    # Dirac-1 only (geomjax.dirac2 takes ~10 s to compile on the column): no figure pair
+    out = ziegler.run_column(tmp_path, False, t_final=2.0, methods=("dirac1",), check_reference=False)
     assert {"parameters", "methods", "summary"} <= set(out)
-    assert len(out["figures"]) == 2  # Fig. 5 and the reference panel (no trapezium here)
+    assert [row["method"] for row in out["summary"]] == ["dirac1", "reference"]
+    assert out["methods"]["dirac1"]["downward_crossings_per_rod"].tolist() == [0, 0]
 
 
 def test_ziegler_bifurcation_smoke(tmp_path):
