@@ -14,7 +14,8 @@ P ∈ {0.5, 1}, θ(0) ∈ {(0.1, 0), (0.6, 0)}, h = 0.05): k = 1, P = 0.5, ℓ =
 θ(0) = (0.6, 0), h = 0.05, t ≤ 200. There the reference and the trapezium oscillate about
 the same buckled state, Dirac-1 about a different one (more bent: its rods lengthen, which
 shifts the balance of load and springs, as the seed says), and Dirac-2 makes full turns of
-the upper rod: after a growing parasitic oscillation (the two-step map's second root) the
+the upper rod: after a growing fast oscillation (presumably the parasitic root of the two-step
+map; not analysed here) the
 upper rod swings over the top of its spring and about the downward vertical (the seed's
 artefact). Passages through the downward vertical are counted as jumps of an angle by more
 than π between saved states; the equilibrium as the mean angles over the second half.
