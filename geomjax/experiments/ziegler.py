@@ -24,8 +24,9 @@ than π between saved states; the equilibrium as the mean angles over the second
 sweep over P ∈ BIF_LOADS (one compilation per method and h) from θ(0) = (0.6, 0), t ≤ 100;
 each run is classified by the branch it settles about — "upright" (|mean θ₁| < 0.05 over
 the second half), "right"/"left" (the sign of mean θ₁), or "turned" (a full turn of a rod),
-"failed" (non-finite) — and marked wrong where its label differs from the reference's
-(RK4 at h = 0.0025).
+"failed" (non-finite: a blow-up or a Newton failure) — and marked wrong where a finite
+run's label differs from the reference's (RK4 at h = 0.0025); failed runs are counted
+apart.
 """
 
 import pathlib
@@ -196,7 +197,7 @@ def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, step
     t0 = time.perf_counter()
     reference = _sweep("rk4", loads, BIF_REFERENCE_H, t_final)
     times = {"reference": time.perf_counter() - t0}
-    labels, wrong = {}, {}
+    labels, wrong, failed = {}, {}, {}
     for name in methods:
         t0 = time.perf_counter()
         labels[name] = {}
@@ -205,7 +206,9 @@ def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, step
             if progress:
                 print(f"  {name} h={h}: {labels[name][h]}", flush=True)
         times[name] = time.perf_counter() - t0
-        wrong[name] = [(float(P), float(h)) for h in steps for P, a, b in zip(loads, labels[name][h], reference) if a != b]
+        wrong[name] = [(float(P), float(h)) for h in steps for P, a, b in zip(loads, labels[name][h], reference)
+                       if a != b and a != "failed"]
+        failed[name] = [(float(P), float(h)) for h in steps for P, a in zip(loads, labels[name][h]) if a == "failed"]
 
     fig, axes = _figure(1, len(methods), size=(3.6 * len(methods), 3.8), sharex=False)
     for ax, name in zip(axes[0], methods):
@@ -213,21 +216,21 @@ def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, step
             for P, lab, ref in zip(loads, labels[name][h], reference):
                 colour, marker = _MARKERS[lab]
                 ax.scatter([P], [j], color=colour, marker=marker, s=36)
-                if lab != ref:
+                if lab != ref and lab != "failed":
                     ax.scatter([P], [j], facecolors="none", edgecolors="k", s=140, linewidths=1.2)
         ax.set_yticks(range(len(steps)), [f"{h:g}" for h in steps])
         ax.set_xlabel("load P")
-        ax.set_title(f"{name}: {len(wrong[name])} wrong")
+        ax.set_title(f"{name}: {len(wrong[name])} wrong, {len(failed[name])} failed")
         ax.grid(True, alpha=0.3)
     axes[0, 0].set_ylabel("h")
     handles = [axes[0, 0].scatter([], [], color=c, marker=mk, label=lab) for lab, (c, mk) in _MARKERS.items()]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
-    fig.suptitle(f"Branch per (P, h), circled where it differs from the reference (RK4, h = {BIF_REFERENCE_H}); "
+    fig.suptitle(f"Branch per (P, h), circled where a finite run differs from the reference (RK4, h = {BIF_REFERENCE_H}); "
                  f"k = {COLUMN['k']:g}, l = {COLUMN['length']:g}, theta(0) = {COLUMN['angles']}, t <= {t_final:g}")
     figure = _save(fig, out_dir / "ziegler-bifurcation_map.png")
 
     cells = len(loads) * len(steps)
-    summary = [{"method": name, "wrong cells": len(wrong[name]), "cells": cells,
+    summary = [{"method": name, "wrong branch": len(wrong[name]), "failed": len(failed[name]), "cells": cells,
                 "fraction wrong": len(wrong[name]) / cells, "run [s]": times[name]} for name in methods]
     return {
         "parameters": {**COLUMN, "loads": list(loads), "steps": list(steps), "t_final": t_final,
@@ -237,7 +240,10 @@ def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, step
         "reference_labels": dict(zip([float(P) for P in loads], reference)),
         "labels": {name: {str(h): lab for h, lab in per.items()} for name, per in labels.items()},
         "fraction_wrong": {name: len(wrong[name]) / cells for name in methods},
+        "fraction_failed": {name: len(failed[name]) / cells for name in methods},
         "wrong_cells": wrong,
+        "failed_cells": failed,
+        "wrong_means": "a finite run settling about another branch than the reference (failed runs counted apart)",
         "figures": [figure.name],
         "summary": summary,
     }
