@@ -1,0 +1,333 @@
+"""Dirac–Runge–Kutta steps: partitioned Runge–Kutta methods for implicit Lagrangian systems.
+
+An implicit Lagrangian system (`geomjax._system.implicit.ImplicitLagrangian`) is the
+differential–algebraic system in (q, v, p, λ)
+
+    q̇ = v,   ṗ = ∂L/∂q(q, v) + α(q)ᵀλ,   p = ∂L/∂v(q, v),   α(q)·v (+ β(q)) = 0.
+
+A partitioned tableau (A, b, c) for q and (Â, b̂) for p (`PartitionedTableau`) advances
+(q₀, p₀) by one step of size h with stage velocities Vᵢ and stage multipliers Λᵢ:
+
+    Qᵢ = q₀ + h Σⱼ aᵢⱼ Vⱼ,        Fⱼ = ∂L/∂q(Qⱼ, Vⱼ) + α(Qⱼ)ᵀΛⱼ,
+    Pᵢ = p₀ + h Σⱼ âᵢⱼ Fⱼ,
+    ∂L/∂v(Qᵢ, Vᵢ) = Pᵢ,   α(Qᵢ)·Vᵢ (+ β) = 0          (i = 1..s),
+    q₁ = q₀ + h Σᵢ bᵢ Vᵢ,           p₁ = p₀ + h Σᵢ b̂ᵢ Fᵢ:
+
+the algebraic relations of the Dirac structure (the Legendre relation and the
+constraints) imposed at every stage (seed 004 eqs. (3)–(6)). Eliminating v = v(q, p), this
+is the Runge–Kutta method applied to an index-2 Hessenberg DAE in y = (q, p) and λ.
+
+**Lobatto IIIA–IIIB.** The last column of Â is zero, so Λ_s enters no stage equation and
+the system above is singular (s(n + k) equations, Λ_s free, and one block of constraints
+too many for the other unknowns). The square formulation used instead, in the unknowns
+(V₁..V_s, Λ₁..Λ_s, v₁):
+
+    ∂L/∂v(Qᵢ, Vᵢ) = Pᵢ          (i = 1..s),
+    α(Qᵢ)·Vᵢ (+ β) = 0          (i = 1..s − 1),
+    ∂L/∂v(q₁, v₁) = p₁,   α(q₁)·v₁ (+ β) = 0:
+
+the relations are imposed at the step end with an extra unknown v₁ (the velocity at the
+end), and the constraint of the last stage is dropped. Λ_s enters p₁ only (b̂_s ≠ 0) and is
+fixed by the end constraint, as in Jay's Lobatto IIIA–IIIB for holonomic constraints
+(there the position constraint at the first stage is the redundant one; here the velocity
+constraint at the last stage, Q_s = q₁: with it the end relations would over-determine the
+step). For s = 2 and L = ½|v|² − U with holonomic constraints this is RATTLE with the
+position constraint g(q₁) = 0 replaced by its velocity form at the start, α(q₀)·V₁ = 0.
+
+**What holds at step ends.** Stiffly accurate tableaux (Radau IIA, the Dirac-1 tableau's
+q-part aside) end on the last stage: q₁ = Q_s, p₁ = P_s, so p₁ = ∂L/∂v(q₁, V_s) with
+α(q₁)·V_s = 0 exactly; Lobatto IIIA–IIIB imposes both at the end. For these the state
+(q₁, p₁) is on the velocity-constraint set to round-off. Gauss methods are not stiffly
+accurate: α(q₁)·v(q₁, p₁) is small (order of the method) but not zero. Position
+constraints φ(q) = 0 of holonomic systems are imposed only in their velocity form and
+drift at the order of the method for all tableaux.
+
+**Multipliers.** λ at the step end is the Lagrange interpolant through (cᵢ, Λᵢ) evaluated
+at 1 (= Λ_s for c_s = 1); `DiracRungeKutta.multipliers(x, h)` returns it and
+`solve_stages` returns every stage quantity.
+
+The stage equations are solved together by Newton's method (`geomjax.Newton`) from
+Vᵢ = v(q₀, p₀), Λᵢ = 0 (and v₁ = v(q₀, p₀)); derivatives of q₁, p₁ follow the implicit
+function theorem. A solve that does not converge gives `RESULTS.newton_failed`.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._solve.newton import Newton, as_newton
+from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
+from .._validate import _TRACE_ERRORS, untraceable_message
+from .base import AbstractStep, newton_status
+from .partitioned_tableau import PartitionedTableau
+
+
+class DiracStages(eqx.Module):
+    """Everything one Dirac–Runge–Kutta step computes (`DiracRungeKutta.solve_stages`).
+
+    `velocities` (s, n) and `multipliers` (s, k) at the stages; `q`, `p` at the step end;
+    `v_end` the end velocity (the unknown v₁ of Lobatto IIIA–IIIB, else v(q₁, p₁) by the
+    Legendre inverse); `lam_end` λ at the step end (the Lagrange interpolant through
+    (cᵢ, Λᵢ) at 1); `converged` whether Newton's method converged.
+    """
+
+    velocities: jax.Array
+    multipliers: jax.Array
+    q: jax.Array
+    p: jax.Array
+    v_end: jax.Array
+    lam_end: jax.Array
+    converged: jax.Array
+
+
+def _weighted(h, coeffs, vectors):
+    """h Σ cⱼ vⱼ over the nonzero coefficients (None if all are zero)."""
+    acc = None
+    for c, v in zip(coeffs, vectors):
+        if c != 0.0:
+            term = c * v
+            acc = term if acc is None else acc + term
+    return None if acc is None else h * acc
+
+
+def _end_weights(c) -> tuple:
+    """Weights wᵢ with Σ wᵢ Λᵢ the Lagrange interpolant through (cᵢ, Λᵢ) at 1."""
+    c = np.asarray(c, float)
+    s = c.shape[0]
+    if s == 1:
+        return (1.0,)
+    if len(set(c.tolist())) < s:
+        return None
+    w = [float(np.prod([(1.0 - c[j]) / (c[i] - c[j]) for j in range(s) if j != i])) for i in range(s)]
+    return tuple(w)
+
+
+class DiracRungeKutta(AbstractStep):
+    """A Dirac–Runge–Kutta step on (q, p); built by `geomjax.dirac_rk`."""
+
+    system: ImplicitLagrangian
+    tableau: PartitionedTableau
+    newton: Newton
+
+    # --- layout and monitoring: the implicit system's ---------------------------------
+    @property
+    def dim(self):
+        return None if self.system.n is None else 2 * self.system.n
+
+    def split(self, x):
+        return self.system.split(x)
+
+    def merge(self, z):
+        return self.system.merge(z)
+
+    def constraint_residuals(self, x):
+        return self.system.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.system.invariants(x)
+
+    @property
+    def end_unknown(self) -> bool:
+        """Whether the last column of Â is zero (Lobatto IIIB): then v₁ is an unknown and
+        the relations are imposed at the step end (see the module docstring)."""
+        return all(row[-1] == 0.0 for row in self.tableau.a_hat)
+
+    # --- the stage equations -----------------------------------------------------------
+    def _stage_values(self, q0, p0, h, velocities, multipliers):
+        """(Qᵢ, Fᵢ, ∂L/∂v(Qᵢ, Vᵢ), Pᵢ) for the stage unknowns."""
+        tab, system = self.tableau, self.system
+        s = tab.stages
+        vs = [velocities[i] for i in range(s)]
+        qs = []
+        for i in range(s):
+            inc = _weighted(h, tab.a[i], vs)
+            qs.append(q0 if inc is None else q0 + inc)
+        fs, moms = [], []
+        for i in range(s):
+            dq, dv = system.derivatives(qs[i], vs[i])
+            if multipliers is not None:
+                _, pull = jax.vjp(lambda v, qi=qs[i]: system.constraint(qi, v), vs[i])
+                dq = dq + pull(multipliers[i])[0]
+            fs.append(dq)
+            moms.append(dv)
+        ps = []
+        for i in range(s):
+            inc = _weighted(h, tab.a_hat[i], fs)
+            ps.append(p0 if inc is None else p0 + inc)
+        return qs, fs, moms, ps
+
+    def _ends(self, q0, p0, h, velocities, fs):
+        tab = self.tableau
+        vs = [velocities[i] for i in range(tab.stages)]
+        dq = _weighted(h, tab.b, vs)
+        dp = _weighted(h, tab.b_hat, fs)
+        return (q0 if dq is None else q0 + dq), (p0 if dp is None else p0 + dp)
+
+    def _unpack(self, u):
+        it = iter(u)
+        velocities = next(it)
+        multipliers = next(it) if self.system.constrained else None
+        v_end = next(it) if self.end_unknown else None
+        return velocities, multipliers, v_end
+
+    def _residual(self, q0, p0, h):
+        system = self.system
+        s = self.tableau.stages
+        end = self.end_unknown
+        constrained = system.constrained
+
+        def residual(u):
+            velocities, multipliers, v_end = self._unpack(u)
+            qs, fs, moms, ps = self._stage_values(q0, p0, h, velocities, multipliers)
+            out = [jnp.stack([moms[i] - ps[i] for i in range(s)])]
+            if constrained:
+                phis = [system.constraint(qs[i], velocities[i]) for i in range(s)]
+                if end:
+                    # the constraint integrated by the q-quadrature of stages 2..s
+                    rows = [_weighted(1.0, self.tableau.a[i], phis) for i in range(1, s)]
+                else:
+                    rows = phis
+            if end:
+                q1, p1 = self._ends(q0, p0, h, velocities, fs)
+                out.append(system.momentum(q1, v_end) - p1)
+                if constrained:
+                    rows.append(system.constraint(q1, v_end))
+            if constrained:
+                out.insert(1, jnp.stack(rows))
+            return tuple(out)
+
+        return residual
+
+    def solve_stages(self, q0, p0, h) -> DiracStages:
+        """Solve the stage equations of one step from (q₀, p₀): a `DiracStages`."""
+        system, tab = self.system, self.tableau
+        h = jnp.asarray(h, p0.dtype)
+        s = tab.stages
+        v0 = system.velocity(q0, p0)
+        guess = [jnp.broadcast_to(v0, (s,) + v0.shape)]
+        if system.constrained:
+            k = system.constraint(q0, v0).shape[0]
+            guess.append(jnp.zeros((s, k), p0.dtype))
+        if self.end_unknown:
+            guess.append(v0)
+        sol = self.newton.solve(self._residual(q0, p0, h), tuple(guess))
+        velocities, multipliers, v_end = self._unpack(sol.value)
+        _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
+        q1, p1 = self._ends(q0, p0, h, velocities, fs)
+        if v_end is None:
+            v_end = system.velocity(q1, p1)
+        if multipliers is None:
+            multipliers = jnp.zeros((s, 0), p0.dtype)
+        weights = _end_weights(tab.c)
+        if weights is None:
+            lam_end = jnp.full(multipliers.shape[1:], jnp.nan, p0.dtype)
+        else:
+            lam_end = sum(w * multipliers[i] for i, w in enumerate(weights))
+        return DiracStages(velocities, multipliers, q1, p1, v_end, lam_end, sol.converged)
+
+    def advance(self, t, z, h, args):
+        del t, args
+        q0, p0 = z
+        st = self.solve_stages(q0, p0, h)
+        return (st.q, st.p), newton_status(st.converged)
+
+    def multipliers(self, x, h):
+        """λ at the end of the step of size `h` from the flat state `x` (shape `(k,)`):
+        the Lagrange interpolant through the stage multipliers (cᵢ, Λᵢ) at 1 (NaN when
+        the nodes cᵢ are not distinct)."""
+        q0, p0 = self.split(jnp.asarray(x))
+        return self.solve_stages(q0, p0, h).lam_end
+
+    def check(self, x0) -> None:
+        x0 = jnp.asarray(x0)
+        self.system.check(x0, "geomjax.dirac_rk")
+        try:
+            jax.eval_shape(lambda x: self.advance(0.0, self.split(x), 0.1, None)[0], x0)
+        except _TRACE_ERRORS as err:
+            raise TypeError(untraceable_message("the lagrangian L(q, v) or the constraints", err)) from err
+
+
+def dirac_rk(
+    lagrangian,
+    tableau="gauss",
+    stages: int = 2,
+    *,
+    holonomic=None,
+    nonholonomic=None,
+    newton: Newton | None = None,
+) -> DiracRungeKutta:
+    """A Dirac–Runge–Kutta integrator of an implicit Lagrangian system (seed 004).
+
+    For L(q, v) and constraint one-forms α(q) (from holonomic constraints φ(q) = 0,
+    α = Dφ, and/or nonholonomic ones), the implicit Lagrangian system is the DAE
+
+        q̇ = v,   ṗ = ∂L/∂q(q, v) + α(q)ᵀλ,   p = ∂L/∂v(q, v),   α(q)·v = 0.
+
+    One step (q₀, p₀) ↦ (q₁, p₁) of a partitioned Runge–Kutta pair (A, b, c; Â, b̂) solves
+    for the stage velocities Vᵢ and multipliers Λᵢ
+
+        Qᵢ = q₀ + h Σⱼ aᵢⱼ Vⱼ,   Fⱼ = ∂L/∂q(Qⱼ, Vⱼ) + α(Qⱼ)ᵀΛⱼ,   Pᵢ = p₀ + h Σⱼ âᵢⱼ Fⱼ,
+        ∂L/∂v(Qᵢ, Vᵢ) = Pᵢ,   α(Qᵢ)·Vᵢ = 0,
+        q₁ = q₀ + h Σ bᵢ Vᵢ,   p₁ = p₀ + h Σ b̂ᵢ Fᵢ,
+
+    all derivatives by autodiff, by one Newton solve per step. For Lobatto IIIA–IIIB (Â
+    has a zero last column, so Λ_s is absent from the stages) the Legendre relation and
+    the constraint are imposed at the step end instead of the last stage constraint, with
+    the end velocity an extra unknown (see `geomjax._step.dirac_rk`). With the tableau
+    `PartitionedTableau.dirac1()` (s = 1, a = 0, â = 1) this is seed 003's Dirac-1
+    integrator.
+
+    Measured orders (double pendulum in Cartesian coordinates, `tests/test_dirac_rk.py`),
+    q and p / λ at the step end:
+
+    - Gauss s = 1, 2, 3: 2 / 1, 2 / 1, 4 / 2 (index-2 order reduction: s + 1 for odd s,
+      s for even s; λ below);
+    - Radau IIA s = 1, 2, 3: 1 / 1, 3 / 2, 5 / 3 (2s − 1 / s; on the constraint set at
+      every step end);
+    - Lobatto IIIA–IIIB s = 2, 3: 2 / 2, 4 / 2 (on the constraint set at every step end).
+
+    **Arguments:**
+
+    - `lagrangian`: `(q, v) ↦ L` (a scalar) or a `geomjax.LagrangianSystem` (its
+      constraints are used; it must have no external force).
+    - `tableau`: `"gauss"`, `"radau_iia"`, `"lobatto_iiia_iiib"` or a
+      `geomjax.PartitionedTableau`.
+    - `stages`: the number of stages s for a named tableau (Gauss and Radau IIA: 1, 2, 3;
+      Lobatto IIIA–IIIB: 2, 3); ignored for a `PartitionedTableau`.
+    - `holonomic`: optional φ(q), shape `(k,)`; imposed in its velocity form Dφ(q)·v = 0.
+    - `nonholonomic`: optional `alpha(q)` (k × n) or a `geomjax.VelocityConstraint`.
+    - `newton`: the `geomjax.Newton` of the stage solve.
+
+    **Returns:**
+
+    A `DiracRungeKutta` step on flat states x = (q, p) of length 2n, for
+    `geomjax.integrate`, `jax.jit`, `jax.vmap` and `jax.grad`; `step.multipliers(x, h)`
+    gives λ at the end of a step, `step.solve_stages(q, p, h)` all stage values.
+
+    Example (the planar pendulum as a constrained particle, Gauss s = 2):
+
+    ```python
+    >>> import geomjax, jax.numpy as jnp
+    >>> L = lambda q, v: 0.5 * v @ v - q[1]
+    >>> step = geomjax.dirac_rk(L, "gauss", 2, holonomic=lambda q: jnp.atleast_1d(q @ q - 1.0))
+    >>> x0 = jnp.array([1.0, 0.0, 0.0, 0.0])          # q = (1, 0) at rest
+    >>> sol = geomjax.integrate(step, x0, dt=0.05, steps=100)
+    >>> q, p = sol.xs[-1, :2], sol.xs[-1, 2:]
+    >>> energy = 0.5 * p @ p + q[1]
+    >>> print(sol.result == geomjax.RESULTS.successful, bool(abs(energy) < 1e-6), bool(abs(q @ q - 1.0) < 1e-6))
+    True True True
+
+    ```
+    """
+    system = as_implicit_lagrangian(lagrangian, holonomic=holonomic, nonholonomic=nonholonomic, newton=newton)
+    if isinstance(tableau, str):
+        tableau = PartitionedTableau.from_name(tableau, stages)
+    elif not isinstance(tableau, PartitionedTableau):
+        raise TypeError(
+            f"tableau must be a name ('gauss', 'radau_iia', 'lobatto_iiia_iiib') or a geomjax.PartitionedTableau, got {type(tableau).__name__}"
+        )
+    end = all(row[-1] == 0.0 for row in tableau.a_hat)
+    if end and tableau.b_hat[-1] == 0.0:
+        raise ValueError("the last column of Â and b̂_s are zero: the last stage multiplier enters nothing")
+    return DiracRungeKutta(system, tableau, as_newton(newton))
