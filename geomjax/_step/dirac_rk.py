@@ -55,7 +55,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
+from .._solve.linalg import _UNROLL_MAX, small_solve
 from .._solve.newton import Newton, as_newton
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
 from .._validate import _TRACE_ERRORS, untraceable_message
@@ -211,7 +213,17 @@ class DiracRungeKutta(AbstractStep):
             guess.append(jnp.zeros((s, k), p0.dtype))
         if self.end_unknown:
             guess.append(v0)
-        sol = self.newton.solve(self._residual(q0, p0, h), tuple(guess))
+        residual = self._residual(q0, p0, h)
+        guess = tuple(guess)
+        # Simplified Newton: the Jacobian at the guess, inverted once per step (unrolled up
+        # to 4 unknowns, else one LAPACK call), then every iteration is a residual and a
+        # matrix–vector product that fuse. Exact derivatives of the root still follow the
+        # implicit function theorem.
+        flat, unravel = ravel_pytree(guess)
+        jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)
+        m = flat.shape[0]
+        inverse = small_solve(jac, jnp.eye(m, dtype=jac.dtype)) if m <= _UNROLL_MAX else jnp.linalg.inv(jac)
+        sol = self.newton.solve(residual, guess, inverse=inverse)
         velocities, multipliers, v_end = self._unpack(sol.value)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
         q1, p1 = self._ends(q0, p0, h, velocities, fs)
