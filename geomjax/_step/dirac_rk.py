@@ -18,37 +18,62 @@ constraints) imposed at every stage (seed 004 eqs. (3)–(6)). Eliminating v = v
 is the Runge–Kutta method applied to an index-2 Hessenberg DAE in y = (q, p) and λ.
 
 **Lobatto IIIA–IIIB.** The last column of Â is zero, so Λ_s enters no stage equation and
-the system above is singular (s(n + k) equations, Λ_s free, and one block of constraints
-too many for the other unknowns). The square formulation used instead, in the unknowns
-(V₁..V_s, Λ₁..Λ_s, v₁):
+the system above is singular (Λ_s is free, and the other unknowns face k equations too
+many). The square formulation used instead, in the unknowns (V₁..V_s, Λ₁..Λ_s, v₁):
 
-    ∂L/∂v(Qᵢ, Vᵢ) = Pᵢ          (i = 1..s),
-    α(Qᵢ)·Vᵢ (+ β) = 0          (i = 1..s − 1),
+    ∂L/∂v(Qᵢ, Vᵢ) = Pᵢ                        (i = 1..s),
+    Σⱼ aᵢⱼ [α(Qⱼ)·Vⱼ (+ β)] = 0                (i = 2..s),
     ∂L/∂v(q₁, v₁) = p₁,   α(q₁)·v₁ (+ β) = 0:
 
-the relations are imposed at the step end with an extra unknown v₁ (the velocity at the
-end), and the constraint of the last stage is dropped. Λ_s enters p₁ only (b̂_s ≠ 0) and is
-fixed by the end constraint, as in Jay's Lobatto IIIA–IIIB for holonomic constraints
-(there the position constraint at the first stage is the redundant one; here the velocity
-constraint at the last stage, Q_s = q₁: with it the end relations would over-determine the
-step). For s = 2 and L = ½|v|² − U with holonomic constraints this is RATTLE with the
-position constraint g(q₁) = 0 replaced by its velocity form at the start, α(q₀)·V₁ = 0.
+the Legendre relation and the constraint are imposed at the step end with an extra
+unknown v₁ (this is what fixes Λ_s: it enters p₁ through b̂_s ≠ 0), and the stage
+constraints are imposed integrated by the q-quadrature of stages 2..s (the first row of
+Lobatto IIIA is zero): the quadrature of ∫₀^{cᵢ} α(u)·u̇ dt = 0 along the collocation
+polynomial u of q. For holonomic constraints it approximates (φ(Qᵢ) − φ(q₀))/h, so these
+are the velocity form of Jay's position constraints φ(Qᵢ) = 0 (i = 2..s) for Lobatto
+IIIA–IIIB. For s = 2 and L = ½|v|² − U this is RATTLE with g(q₁) = 0 replaced by
+½[α(q₀) + α(q₁)]·(q₁ − q₀)/h = 0. Imposing the constraint pointwise at the stages
+instead, with one stage's constraint dropped to make the system square, is wrong: for
+s = 2, keeping only α(q₀)·V₁ = 0 misses the curvature term of λ and keeping only
+α(q₁)·V₂ = 0 doubles it; measured orders of q fell to 1 (s = 2) and 2 (s = 3), and λ did
+not converge for s = 2.
 
-**What holds at step ends.** Stiffly accurate tableaux (Radau IIA, the Dirac-1 tableau's
-q-part aside) end on the last stage: q₁ = Q_s, p₁ = P_s, so p₁ = ∂L/∂v(q₁, V_s) with
-α(q₁)·V_s = 0 exactly; Lobatto IIIA–IIIB imposes both at the end. For these the state
-(q₁, p₁) is on the velocity-constraint set to round-off. Gauss methods are not stiffly
-accurate: α(q₁)·v(q₁, p₁) is small (order of the method) but not zero. Position
-constraints φ(q) = 0 of holonomic systems are imposed only in their velocity form and
-drift at the order of the method for all tableaux.
+**What holds at step ends.** Radau IIA is stiffly accurate (the last stage is the step
+end: q₁ = Q_s, p₁ = P_s), so p₁ = ∂L/∂v(q₁, V_s) with α(q₁)·V_s = 0; Lobatto IIIA–IIIB
+imposes p₁ = ∂L/∂v(q₁, v₁), α(q₁)·v₁ = 0. For both, (q₁, p₁) lies on the velocity-
+constraint set α(q)·v(q, p) = 0 to round-off at every step. Gauss methods and the
+Dirac-1 tableau (whose relations hold at (q₀, V₁)) leave it by the local error: α(q₁)·
+v(q₁, p₁) is small, not zero. Position constraints φ(q) = 0 of holonomic systems are
+imposed only in their velocity form and drift at the order of the method (all tableaux).
 
 **Multipliers.** λ at the step end is the Lagrange interpolant through (cᵢ, Λᵢ) evaluated
 at 1 (= Λ_s for c_s = 1); `DiracRungeKutta.multipliers(x, h)` returns it and
 `solve_stages` returns every stage quantity.
 
-The stage equations are solved together by Newton's method (`geomjax.Newton`) from
-Vᵢ = v(q₀, p₀), Λᵢ = 0 (and v₁ = v(q₀, p₀)); derivatives of q₁, p₁ follow the implicit
-function theorem. A solve that does not converge gives `RESULTS.newton_failed`.
+**Measured orders** (double pendulum in Cartesian coordinates, q ∈ R⁴ with two length
+constraints; `tests/test_dirac_rk.py`; least-squares slopes of q, p and λ at T = 1):
+
+    tableau               q      p      λ        classical
+    Gauss s = 1          2.00   2.00   1.01      2
+    Gauss s = 2          4.00   2.00   1.01      4
+    Gauss s = 3          5.97   4.03   3.01      6
+    Radau IIA s = 1      0.99   0.99   0.99      1
+    Radau IIA s = 2      3.00   3.00   1.88      3
+    Radau IIA s = 3      5.01   5.01   2.91      5
+    Lobatto IIIA–B s = 2 2.00   2.00   0.99      2
+    Lobatto IIIA–B s = 3 4.00   4.00   2.24      4
+    Dirac-1              1.00   1.00   0.99      1
+
+Radau IIA and Lobatto IIIA–IIIB keep their classical orders in q and p (with λ of order s
+and s − 1). Gauss keeps it in q but p shows the index-2 order reduction (s + 1 for odd s,
+s for even s, the known result for Gauss methods on index-2 DAEs), and its λ, the
+interpolant extrapolated to the step end, is of order 1, 1, 3.
+
+The stage equations are solved together by a simplified Newton iteration (the Jacobian of
+the stage equations at the guess Vᵢ = v(q₀, p₀), Λᵢ = 0 (and v₁ = v(q₀, p₀)), inverted
+once per step; `geomjax.Newton` settings for the tolerances and iteration counts);
+derivatives of q₁, p₁ follow the implicit function theorem. A solve that does not
+converge gives `RESULTS.newton_failed`.
 """
 
 import equinox as eqx
@@ -290,14 +315,11 @@ def dirac_rk(
     `PartitionedTableau.dirac1()` (s = 1, a = 0, â = 1) this is seed 003's Dirac-1
     integrator.
 
-    Measured orders (double pendulum in Cartesian coordinates, `tests/test_dirac_rk.py`),
-    q and p / λ at the step end:
-
-    - Gauss s = 1, 2, 3: 2 / 1, 2 / 1, 4 / 2 (index-2 order reduction: s + 1 for odd s,
-      s for even s; λ below);
-    - Radau IIA s = 1, 2, 3: 1 / 1, 3 / 2, 5 / 3 (2s − 1 / s; on the constraint set at
-      every step end);
-    - Lobatto IIIA–IIIB s = 2, 3: 2 / 2, 4 / 2 (on the constraint set at every step end).
+    Measured orders of q / p / λ (double pendulum in Cartesian coordinates, see
+    `geomjax._step.dirac_rk` for the table): Gauss s = 1, 2, 3: 2/2/1, 4/2/1, 6/4/3 (the
+    momenta show the index-2 order reduction); Radau IIA s = 1, 2, 3: 1/1/1, 3/3/2, 5/5/3;
+    Lobatto IIIA–IIIB s = 2, 3: 2/2/1, 4/4/2. Radau IIA and Lobatto IIIA–IIIB end every
+    step on the velocity-constraint set (to round-off); Gauss does not.
 
     **Arguments:**
 
