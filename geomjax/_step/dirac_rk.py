@@ -82,12 +82,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._solve.linalg import _UNROLL_MAX, small_solve
+from .._solve.linalg import unrolled_solve
 from .._solve.newton import Newton, as_newton
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
 from .._validate import _TRACE_ERRORS, untraceable_message
 from .base import AbstractStep, newton_status
 from .partitioned_tableau import PartitionedTableau
+
+
+_UNROLLED_INVERSE_MAX = 8
 
 
 class DiracStages(eqx.Module):
@@ -247,7 +250,8 @@ class DiracRungeKutta(AbstractStep):
         flat, unravel = ravel_pytree(guess)
         jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)
         m = flat.shape[0]
-        inverse = small_solve(jac, jnp.eye(m, dtype=jac.dtype)) if m <= _UNROLL_MAX else jnp.linalg.inv(jac)
+        eye = jnp.eye(m, dtype=jac.dtype)
+        inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
         sol = self.newton.solve(residual, guess, inverse=inverse)
         velocities, multipliers, v_end = self._unpack(sol.value)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
