@@ -86,10 +86,10 @@ from ._step.variational import (
     herglotz as herglotz,
 )
 from ._step.contact_splitting import ContactSplittingStep as ContactSplittingStep, contact_splitting as contact_splitting
+from . import diagnostics as diagnostics
 # Dirac–Runge–Kutta
 from ._step.dirac_rk import DiracRungeKutta as DiracRungeKutta, DiracStages as DiracStages, dirac_rk as dirac_rk
 from ._step.partitioned_tableau import PartitionedTableau as PartitionedTableau
-from . import diagnostics as diagnostics
 
 __version__ = "0.1.0"
 

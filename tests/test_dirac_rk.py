@@ -189,12 +189,11 @@ def blade(q):
     return jnp.array([[jnp.sin(q[2]), -jnp.cos(q[2]), 0.0]])
 
 
-@pytest.mark.parametrize("tableau, s", [("radau_iia", 2), ("lobatto_iiia_iiib", 2)])
-def test_nonholonomic_knife_edge_from_a_lagrangian_system(tableau, s):
+def test_nonholonomic_knife_edge_from_a_lagrangian_system():
     """A non-integrable constraint (α given directly, through a `LagrangianSystem`): the
     step ends keep it to round-off; the energy is kept to the method's accuracy."""
     system = geomjax.LagrangianSystem(knife_edge, 3, nonholonomic=blade)
-    step = geomjax.dirac_rk(system, tableau, s)
+    step = geomjax.dirac_rk(system, "lobatto_iiia_iiib", 2)
     x0 = jnp.array([0.0, 0.0, 0.3, np.cos(0.3), np.sin(0.3), 1.0])
     sol = geomjax.integrate(step, x0, dt=0.05, steps=40, save_every=40)
     assert sol.result == geomjax.RESULTS.successful
