@@ -179,6 +179,9 @@ def test_gauss_and_dirac1_leave_the_velocity_constraint_set_a_little(case):
     np.testing.assert_allclose(step.system.momentum(q1, v_end), p1, atol=1e-14)  # v_end = v(q₁, p₁)
     res = float(jnp.max(jnp.abs(step.system.constraint(q1, v_end))))
     assert 1e-8 < res < 1e-2, res
+    if case[0] == "dirac1":  # the public λ of a step: Λ₁ here (one stage)
+        _, lam, _, _ = runner(*case)(X0, 0.1, 1)
+        np.testing.assert_allclose(jax.jit(step.multipliers)(X0, 0.1), lam, rtol=1e-14)
 
 
 def knife_edge(q, v):
