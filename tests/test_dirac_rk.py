@@ -205,6 +205,21 @@ def test_nonholonomic_knife_edge_from_a_lagrangian_system():
     assert abs(float(step.invariants(x)[0] - step.invariants(x0)[0])) < 1e-4
 
 
+def coupled(q, v):
+    """An unconstrained Lagrangian with velocity–position coupling (p ≠ v)."""
+    return 0.5 * v @ v + jnp.cos(q[0]) + 0.1 * q[0] * q[1] ** 2 - 0.5 * q[1] ** 2 + 0.05 * q[1] * v[0] * v[1]
+
+
+@pytest.mark.parametrize("tableau, s, symplectic", [("gauss", 2, True), ("lobatto_iiia_iiib", 3, True), ("radau_iia", 2, False)])
+def test_symplectic_pairs_without_constraints(tableau, s, symplectic):
+    """Without constraints the Dirac–RK step is the partitioned RK method in (q, p) with
+    v = v(q, p): Gauss and Lobatto IIIA–IIIB (bᵢâᵢⱼ + b̂ⱼaⱼᵢ = bᵢb̂ⱼ) are symplectic, Radau IIA
+    is not."""
+    step = geomjax.dirac_rk(coupled, tableau, s)
+    defect = float(geomjax.diagnostics.symplecticity_defect(step, jnp.array([0.5, 0.2, 0.1, -0.3]), 0.3))
+    assert (defect < 1e-13) if symplectic else (defect > 1e-6), defect
+
+
 # --- Dirac-1 = forced discrete Lagrange–d'Alembert -----------------------------------------
 def test_dirac1_tableau_is_forced_dla_left():
     rk = step_of("dirac1", 1)
