@@ -198,9 +198,7 @@ def test_nonholonomic_knife_edge_from_a_lagrangian_system():
     system = geomjax.LagrangianSystem(knife_edge, 3, nonholonomic=blade)
     step = geomjax.dirac_rk(system, "lobatto_iiia_iiib", 2)
     x0 = jnp.array([0.0, 0.0, 0.3, np.cos(0.3), np.sin(0.3), 1.0])
-    sol = geomjax.integrate(step, x0, dt=0.05, steps=40, save_every=40)
-    assert sol.result == geomjax.RESULTS.successful
-    x = sol.xs[-1]
+    x = jax.jit(lambda x: lax.fori_loop(0, 40, lambda _, y: step(y, 0.05), x))(x0)
     assert float(jnp.max(jnp.abs(step.constraint_residuals(x)))) < 1e-14
     assert abs(float(step.invariants(x)[0] - step.invariants(x0)[0])) < 1e-4
 
