@@ -243,16 +243,21 @@ class DiracRungeKutta(AbstractStep):
             guess.append(v0)
         residual = self._residual(q0, p0, h)
         guess = tuple(guess)
-        # Simplified Newton: the Jacobian at the guess, inverted once per step (unrolled up
-        # to 4 unknowns, else one LAPACK call), then every iteration is a residual and a
-        # matrix–vector product that fuse. Exact derivatives of the root still follow the
-        # implicit function theorem.
-        flat, unravel = ravel_pytree(guess)
-        jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)
-        m = flat.shape[0]
-        eye = jnp.eye(m, dtype=jac.dtype)
-        inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
-        sol = self.newton.solve(residual, guess, inverse=inverse)
+        if self.newton.backend == "optimistix":
+            sol = self.newton.solve(residual, guess)
+        else:
+            # Simplified Newton: the Jacobian at the guess, inverted once per step (unrolled
+            # Gauss–Jordan up to 8 unknowns, else one LAPACK call), then every iteration is
+            # a residual and a matrix–vector product that fuse (planar pendulum, Gauss s = 2,
+            # 6 unknowns: no custom call in the loop; with LAPACK's inverse the step took
+            # about 3× longer). Exact derivatives of the root still follow the implicit
+            # function theorem.
+            flat, unravel = ravel_pytree(guess)
+            jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)
+            m = flat.shape[0]
+            eye = jnp.eye(m, dtype=jac.dtype)
+            inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
+            sol = self.newton.solve(residual, guess, inverse=inverse)
         velocities, multipliers, v_end = self._unpack(sol.value)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
         q1, p1 = self._ends(q0, p0, h, velocities, fs)
@@ -368,4 +373,10 @@ def dirac_rk(
     end = all(row[-1] == 0.0 for row in tableau.a_hat)
     if end and tableau.b_hat[-1] == 0.0:
         raise ValueError("the last column of Â and b̂_s are zero: the last stage multiplier enters nothing")
+    if end and tableau.stages > 1 and any(a != 0.0 for a in tableau.a[0]):
+        raise ValueError(
+            "a tableau whose Â has a zero last column is solved in the Lobatto IIIA–IIIB "
+            "formulation (constraints integrated by the rows 2..s of A, relations at the step "
+            "end), which needs the first row of A to be zero"
+        )
     return DiracRungeKutta(system, tableau, as_newton(newton))
