@@ -319,8 +319,9 @@ def dirac_rk(
 
     all derivatives by autodiff, by one Newton solve per step. For Lobatto IIIA–IIIB (Â
     has a zero last column, so Λ_s is absent from the stages) the Legendre relation and
-    the constraint are imposed at the step end instead of the last stage constraint, with
-    the end velocity an extra unknown (see `geomjax._step.dirac_rk`). With the tableau
+    the constraint are imposed at the step end, with the end velocity an extra unknown,
+    and the stage constraints in the integrated form Σⱼ aᵢⱼ α(Qⱼ)·Vⱼ = 0 (i = 2..s); see
+    `geomjax._step.dirac_rk` for why. With the tableau
     `PartitionedTableau.dirac1()` (s = 1, a = 0, â = 1) this is seed 003's Dirac-1
     integrator.
 
