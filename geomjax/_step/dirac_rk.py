@@ -194,10 +194,14 @@ class DiracRungeKutta(AbstractStep):
         dp = _weighted(h, tab.b_hat, fs)
         return (q0 if dq is None else q0 + dq), (p0 if dp is None else p0 + dp)
 
-    def _unpack(self, u):
+    def _unpack(self, u, h):
+        # The multiplier unknowns are the impulses hΛᵢ, of the size of a momentum at any h
+        # (Λᵢ itself enters the equations only through hΛᵢ: as an unknown, round-off in
+        # the momentum equations would move it by ~1e−16/h and fail the Newton test at
+        # small h).
         it = iter(u)
         velocities = next(it)
-        multipliers = next(it) if self.system.constrained else None
+        multipliers = next(it) / h if self.system.constrained else None
         v_end = next(it) if self.end_unknown else None
         return velocities, multipliers, v_end
 
@@ -208,7 +212,7 @@ class DiracRungeKutta(AbstractStep):
         constrained = system.constrained
 
         def residual(u):
-            velocities, multipliers, v_end = self._unpack(u)
+            velocities, multipliers, v_end = self._unpack(u, h)
             qs, fs, moms, ps = self._stage_values(q0, p0, h, velocities, multipliers)
             out = [jnp.stack([moms[i] - ps[i] for i in range(s)])]
             if constrained:
@@ -258,7 +262,7 @@ class DiracRungeKutta(AbstractStep):
             eye = jnp.eye(m, dtype=jac.dtype)
             inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
             sol = self.newton.solve(residual, guess, inverse=inverse)
-        velocities, multipliers, v_end = self._unpack(sol.value)
+        velocities, multipliers, v_end = self._unpack(sol.value, h)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
         q1, p1 = self._ends(q0, p0, h, velocities, fs)
         if v_end is None:
