@@ -300,3 +300,15 @@ def test_degenerate_lagrangian_and_dependent_constraints():
     twice = geomjax.dirac_rk(L2, "gauss", 1, holonomic=lambda q: jnp.concatenate([links(q), links(q)[:1]]))
     with pytest.raises(ValueError, match="dependent"):
         twice.check(X0)
+
+
+def test_long_run_at_small_step_converges_every_step():
+    # Regression: with the multipliers themselves as unknowns, round-off in the momentum
+    # equations moved them by ~1e-16/h and a Gauss-2 pendulum run at h = 1e-3 failed
+    # Newton's test at step 9435; the unknowns are now the impulses hΛ.
+    L = lambda q, v: 0.5 * v @ v - 9.81 * q[1]  # noqa: E731
+    phi = lambda q: jnp.array([q @ q - 1.0])  # noqa: E731
+    x0 = jnp.array([jnp.sin(1.0), -jnp.cos(1.0), 0.0, 0.0])
+    step = geomjax.dirac_rk(L, "gauss", 2, holonomic=phi)
+    sol = geomjax.integrate(step, x0, dt=1e-3, steps=20000, save_every=20000, drift_tol=None, throw=False)
+    assert sol.message == "success"
