@@ -93,6 +93,9 @@ from ._step.multistep import (  # importing registers "ab2", "ab3", "ab4"
     adams_bashforth as adams_bashforth,
 )
 from . import diagnostics as diagnostics
+# Dirac–Runge–Kutta
+from ._step.dirac_rk import DiracRungeKutta as DiracRungeKutta, DiracStages as DiracStages, dirac_rk as dirac_rk
+from ._step.partitioned_tableau import PartitionedTableau as PartitionedTableau
 
 __version__ = "0.1.0"
 

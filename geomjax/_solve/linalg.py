@@ -43,6 +43,14 @@ def small_solve(a, b):
         return jnp.stack([x0, x1])
     if m > _UNROLL_MAX:
         return jnp.linalg.solve(a, b)
+    return unrolled_solve(a, b)
+
+
+def unrolled_solve(a, b):
+    """Solve `a @ x = b` by Gauss–Jordan elimination with partial pivoting, unrolled at
+    trace time whatever the size (`small_solve` uses it up to 4 × 4; callers that invert
+    a somewhat larger matrix once per step may prefer it to a LAPACK call)."""
+    m = a.shape[0]
     # The row operations are decided by `a` alone and applied to `b` separately, so the
     # result is linear in `b` with coefficients that do not depend on it: reverse-mode
     # autodiff can transpose it (Newton's implicit-function gradients need that).

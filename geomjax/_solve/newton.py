@@ -119,7 +119,7 @@ class Newton(eqx.Module):
         """The update test |dx|_∞ ≤ atol + rtol·|x|_∞ on flat arrays."""
         return jnp.max(jnp.abs(dx)) <= self.atol + self.rtol * jnp.max(jnp.abs(x))
 
-    def solve(self, fn: Callable, guess, *, jacobian=None) -> NewtonResult:
+    def solve(self, fn: Callable, guess, *, jacobian=None, inverse=None) -> NewtonResult:
         """Solve `fn(x) = 0` from `guess` (a pytree of arrays; `fn(x)` has the same total size).
 
         `jacobian`, if given, is a fixed matrix (flat size × flat size, in the order of
@@ -128,24 +128,34 @@ class Newton(eqx.Module):
         derivatives of the solution always use the exact ∂fn/∂x (implicit function
         theorem), whatever matrix drove the iteration.
 
+        `inverse`, instead of `jacobian`: the inverse of a fixed matrix, applied to the
+        residual as a matrix–vector product in every iteration (the same chord iteration
+        with no linear solve inside the loop; for callers that invert the matrix once,
+        e.g. by blocks).
+
         Returns a `NewtonResult`; `converged` is False when the test failed or a value is
         not finite.
         """
+        if jacobian is not None and inverse is not None:
+            raise ValueError("give a fixed jacobian or its inverse, not both")
         if self.backend == "optimistix":
-            if jacobian is not None:
+            if jacobian is not None or inverse is not None:
                 raise ValueError("a fixed jacobian is only for backend='unrolled'")
             return _optimistix_solve(self, fn, guess)
-        return _unrolled_solve(self, fn, guess, jacobian)
+        return _unrolled_solve(self, fn, guess, jacobian, inverse)
 
 
-def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian):
+def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=None):
     flat_guess, unravel = ravel_pytree(guess)
 
     def residual(y):
         return ravel_pytree(fn(unravel(y)))[0]
 
     def solve(g, y0):
-        if fixed_jacobian is None:
+        if fixed_inverse is not None:
+            jac_of = lambda _: fixed_inverse  # noqa: E731
+            linear_solve = lambda inv, b: inv @ b  # noqa: E731
+        elif fixed_jacobian is None:
             jac_of = jax.jacfwd(g)
             linear_solve = small_solve
         else:
@@ -192,7 +202,8 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian):
                 # updates are already within the tolerance (round-off after convergence).
                 prev, last = sizes[-2], sizes[-1]
                 theta = last / jnp.maximum(prev, jnp.finfo(y.dtype).tiny)
-                factor = theta if fixed_jacobian is None else jnp.ones_like(theta)
+                chord = fixed_jacobian is not None or fixed_inverse is not None
+                factor = jnp.ones_like(theta) if chord else theta
                 estimate = jnp.where(theta < 1.0, factor * theta / (1.0 - theta) * last, jnp.inf)
                 estimate = jnp.where(last == 0.0, 0.0, estimate)
                 ok = (estimate <= tol) | ((prev <= tol) & (last <= tol))
