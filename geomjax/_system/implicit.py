@@ -28,7 +28,7 @@ from .._solve.linalg import small_solve
 from .._solve.newton import Newton
 from .._validate import _TRACE_ERRORS, require_invertible, trace_user_function, untraceable_message
 from .lagrangian import LagrangianSystem
-from .legendre import check_regular, hessian_dependence, solve_gradient, velocity_hessian
+from .legendre import REGULAR_HINT, hessian_dependence, solve_gradient, velocity_hessian
 from .velocity_constraints import AbstractVelocityConstraint, as_velocity_constraint
 
 _QUADRATIC: dict = {}
@@ -148,19 +148,29 @@ class ImplicitLagrangian(eqx.Module):
         if self.nonholonomic is not None:
             self.nonholonomic.check(q)
         try:
-            v = self.velocity(q, p)
+            w, schur = _start_matrices(self, q, p)
         except _TRACE_ERRORS as err:
             raise TypeError(untraceable_message("the lagrangian L(q, v)", err)) from err
-        check_regular(self.lagrangian, q, v, "the velocity Hessian ∂²L/∂v²", "at x0")
+        require_invertible(w, "the velocity Hessian ∂²L/∂v²", REGULAR_HINT)
         if self.constrained:
-            forms = self.forms(q)
-            w = velocity_hessian(self.lagrangian, q, v)
             require_invertible(
-                forms @ small_solve(w, forms.T),
+                schur,
                 "the constraint matrix α W⁻¹ αᵀ (α the constraint one-forms, W = ∂²L/∂v²)",
                 "the constraint one-forms (Dφ and α) are linearly dependent there, or vanish: "
                 "remove redundant constraints",
             )
+
+
+@eqx.filter_jit
+def _start_matrices(system: ImplicitLagrangian, q, p):
+    """W = ∂²L/∂v² at (q, v(q, p)) and α W⁻¹ αᵀ, in one compiled call (evaluated op by op,
+    the checks of a Ziegler column took 3.5 s, most of it compiling single operations)."""
+    v = system.velocity(q, p)
+    w = velocity_hessian(system.lagrangian, q, v)
+    if not system.constrained:
+        return w, None
+    forms = system.forms(q)
+    return w, forms @ small_solve(w, forms.T)
 
 
 def as_implicit_lagrangian(lagrangian, holonomic=None, nonholonomic=None, newton: Newton | None = None) -> ImplicitLagrangian:

@@ -108,6 +108,13 @@ def probe_point(a_like, n: int, dtype=jnp.float64):
     return a, jnp.asarray(rng.uniform(0.2, 0.7, (n,)), dtype)
 
 
+REGULAR_HINT = (
+    "the Legendre transform p = ∂L/∂v cannot be solved for v (a degenerate Lagrangian, "
+    "e.g. one linear in a velocity, or a velocity that does not appear). Give every "
+    "velocity a regular kinetic term, or use a formulation for degenerate Lagrangians"
+)
+
+
 def check_regular(f: Callable, a, v, what: str, where: str, *, probe: bool = False) -> None:
     """Raise a ValueError if ∂²f/∂v²(a, v) is singular or non-finite (concrete values only).
 
@@ -121,11 +128,4 @@ def check_regular(f: Callable, a, v, what: str, where: str, *, probe: bool = Fal
         return
     if probe and not np.all(np.isfinite(np.asarray(w))):
         return
-    require_invertible(
-        w,
-        what,
-        "the Legendre transform p = ∂L/∂v cannot be solved for v (a degenerate Lagrangian, "
-        "e.g. one linear in a velocity, or a velocity that does not appear). Give every "
-        "velocity a regular kinetic term, or use a formulation for degenerate Lagrangians",
-        where,
-    )
+    require_invertible(w, what, REGULAR_HINT, where)
