@@ -87,6 +87,17 @@ from ._step.variational import (
 )
 from ._step.contact_splitting import ContactSplittingStep as ContactSplittingStep, contact_splitting as contact_splitting
 from . import diagnostics as diagnostics
+# order conditions
+from ._analysis.taylor import (
+    OrderCondition as OrderCondition,
+    Polynomial as Polynomial,
+    exact_flow as exact_flow,
+    order_conditions as order_conditions,
+    random_polynomial as random_polynomial,
+    series_root as series_root,
+    solve_conditions as solve_conditions,
+    taylor_coefficients as taylor_coefficients,
+)
 
 __version__ = "0.1.0"
 
