@@ -466,7 +466,7 @@ def order_conditions(
     n_monomials = len(_monomials(len(names), max_deg))
     n_theta = 2 * n_monomials + 8
     lo, hi = theta_range
-    raw = np.asarray(jax.random.uniform(kt, (n_theta, len(names)), minval=lo, maxval=hi))
+    raw = np.array(jax.random.uniform(kt, (n_theta, len(names)), minval=lo, maxval=hi))
     for j, name in enumerate(names):
         if name in nonzero:  # |θ_j| in [0.5, 1.5], either sign: away from the poles at 0
             u = (raw[:, j] - lo) / (hi - lo)
@@ -521,17 +521,24 @@ def order_conditions(
         w = w / np.linalg.norm(w, axis=0)
         u, s, _ = np.linalg.svd(w, full_matrices=False)
         rank = int(np.sum(s > 1e-8 * s[0]))
+        if rank == w.shape[1] and rank < len(monos):
+            raise ValueError(
+                f"the h^{m} conditions did not saturate: {w.shape[1]} sampled polynomials are all "
+                "independent, so the span may be larger; increase samples="
+            )
         rows = _rref(u[:, :rank].T, 1e-10)
+        if nonzero:
+            # Divide each row by the largest monomial in the nonzero names dividing all its
+            # terms, then reduce again: rows that differed only by such a factor coincide.
+            shifted = []
+            for row in rows:
+                present = np.stack([np.asarray(e) for e, c in zip(monos, row) if c != 0.0])
+                common = np.where([name in nonzero for name in names], present.min(axis=0), 0)
+                shifted.append({tuple(int(x) for x in np.asarray(e) - common): c for e, c in zip(monos, row) if c != 0.0})
+            monos = sorted({e for r in shifted for e in r}, key=lambda e: (-sum(e), tuple(-x for x in e)))
+            rows = _rref(np.array([[r.get(e, 0.0) for e in monos] for r in shifted]), 1e-10)
         for row in rows:
-            exps = [np.asarray(e) for e in monos]
-            if nonzero:
-                # Divide by the largest monomial in the nonzero names dividing every term.
-                present = [e for e, c in zip(exps, row) if c != 0.0]
-                common = np.min(np.stack(present), axis=0)
-                common = np.where([name in nonzero for name in names], common, 0)
-                exps = [e - common if c != 0.0 else e for e, c in zip(exps, row)]
-            terms = [(tuple(int(x) for x in e), c) for e, c in zip(exps, row) if c != 0.0]
-            terms.sort(key=lambda t: (-sum(t[0]), tuple(-x for x in t[0])))
+            terms = [(tuple(int(x) for x in e), c) for e, c in zip(monos, row) if c != 0.0]
             rounded = [(e, _rationalise(c, rational_tol, max_denominator)) for e, c in terms]
             out.append(OrderCondition(m, names, rounded, [c for _, c in terms]))
     return out
