@@ -283,7 +283,22 @@ class OrderCondition:
     - `expression`: the polynomial as text.
     - `exact`: True when every coefficient was rounded to a rational.
 
-    Calling a condition on a dict `{name: value}` evaluates g.
+    Calling a condition on a dict `{name: value}` evaluates g; `gradient` gives ∂g/∂θ.
+    Made by `order_conditions`; by hand as below.
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> from fractions import Fraction
+    >>> c = geomjax.OrderCondition(2, ("b2", "c2"), [((1, 1), Fraction(1)), ((0, 0), Fraction(-1, 2))], [1.0, -0.5])
+    >>> print(c); c
+    b2·c2 − 1/2 = 0
+    OrderCondition(power=2, expression="b2·c2 − 1/2")
+    >>> c({"b2": 1.0, "c2": 0.5}), c.coefficients
+    (0.0, {'b2·c2': 1.0, '1': -0.5})
+
+    ```
     """
 
     def __init__(self, power: int, names: Sequence[str], terms, values):
@@ -419,8 +434,17 @@ def order_conditions(
       seen count as zero (a power with all coefficients zero gives no condition).
     - `rational_tol`, `max_denominator`: rounding of the normalised coefficients.
 
-    **Returns:** a list of `OrderCondition`, by power. An empty list for a power means the
+    **Returns:** a list of `OrderCondition`, by power. No condition for a power means the
     coefficient vanishes identically.
+
+    Consistent families (whose stages sit at the state when h = 0) have Taylor
+    coefficients polynomial in θ at every state. An inconsistent one (seed 004's
+    q̄ = a q + b q⁺ with a + b ≠ 1) evaluates the problem at θ-dependent points already at
+    h = 0; sample its states at the origin of polynomial problems (their jets there are
+    arbitrary), which is the expansion about the frozen point that seed 004 does by hand.
+
+    The conditions span the sampled polynomials; a ValueError says when the samples were
+    too few to saturate that span, or when no polynomial of the degrees tried fits.
 
     Example (explicit Euler-like family y₁ = y + h(b₁ f(y) + b₂ f(y + h f(y))) on a random
     vector field, local error against the exact flow):
