@@ -329,3 +329,30 @@ def test_conditions_api_errors():
     # not polynomial in θ: 1/(1 + a²)
     with pytest.raises(ValueError, match="not a polynomial"):
         geomjax.order_conditions(lambda th, x, h: h * x / (1.0 + th["a"] ** 2), ("a",), sample, [1])
+
+
+def test_partitioned_family_gives_stormer_verlet():
+    # p½ = p − h b₁ ∇U(q), q₁ = q + h c ∇T(p½), p₁ = p½ − h b₂ ∇U(q₁), H = T(p) + U(q):
+    # every member is symplectic (three shears); second order asks for Störmer–Verlet.
+    n = 1
+
+    def sample(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        return geomjax.random_polynomial(k1, n, 4), geomjax.random_polynomial(k2, n, 4), jax.random.normal(k3, (2 * n,))
+
+    def defect(th, problem, h):
+        T, U, x = problem
+        q, p = x[:n], x[n:]
+        p_half = p - h * th["b1"] * jax.grad(U)(q)
+        q1 = q + h * th["c"] * jax.grad(T)(p_half)
+        p1 = p_half - h * th["b2"] * jax.grad(U)(q1)
+
+        def field(x):
+            return jnp.concatenate([jax.grad(T)(x[n:]), -jax.grad(U)(x[:n])])
+
+        return jnp.concatenate([q1, p1]) - geomjax.exact_flow(field, x, 2)(h)
+
+    conditions = geomjax.order_conditions(defect, ("b1", "b2", "c"), sample, [1, 2], samples=3)
+    assert sorted(str(c) for c in conditions if c.power == 1) == ["b1 + b2 − 1 = 0", "c − 1 = 0"]
+    theta = geomjax.solve_conditions(conditions, {"b1": 0.2, "b2": 0.9, "c": 1.3})
+    np.testing.assert_allclose([theta["b1"], theta["b2"], theta["c"]], [0.5, 0.5, 1.0], rtol=0, atol=TOL)
