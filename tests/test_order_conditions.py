@@ -4,7 +4,11 @@
 - Seed 004's worked example: the symplecticity conditions a + b − c − d = 0 (h¹) and,
   under consistency, a − d = 0 (h²); symplectic Euler and the midpoint rule satisfy them.
 - Seed 004's Dirac–Runge–Kutta claim for s = 1, with the relation defects measured three
-  ways (see `_dirac_defects`).
+  ways (see `_dirac_defects`). What holds: imposed as Dirac-1 discretises them (base point
+  q₀, velocity q̃ = (q₁ − q₀)/h), the relations force (a, â) = (0, 1) already at h¹, and
+  that method *is* Dirac-1 (to all orders, not only h²). Imposed at the end point they
+  force a = â (h¹) and a = â = 1 (h²) instead; Dirac-1 violates α(q₁)ṽ = 0 at h¹, and the
+  position constraint drifts by ½ D²φ(v, v) h² per step (a = ½ would remove that term).
 - Two-stage explicit Runge–Kutta: b₁ + b₂ = 1, b₂c₂ = ½; Heun and the midpoint method.
 """
 
@@ -276,9 +280,9 @@ def test_dirac_rk_relations_at_the_end_point_do_not_give_dirac1():
     # implicit method whose stage is the end point. Dirac-1 (0, 1) violates them at h¹.
     sample, unpack = _dirac_problem()
     _, step_velocity, legendre_velocity = _dirac_defects(unpack)
-    conditions = geomjax.order_conditions(legendre_velocity, ("a", "â"), sample, [1], nonzero=("â",), samples=6)
+    conditions = geomjax.order_conditions(legendre_velocity, ("a", "â"), sample, [1], nonzero=("â",), samples=3)
     assert [str(c) for c in conditions] == ["a − â = 0"]
-    conditions = geomjax.order_conditions(step_velocity, ("a", "â"), sample, [1], nonzero=("â",), samples=4)
+    conditions = geomjax.order_conditions(step_velocity, ("a", "â"), sample, [1], nonzero=("â",), samples=3)
     assert sorted(str(c) for c in conditions) == ["a − 1 = 0", "â − 1 = 0"]
     problem = sample(jax.random.key(5))
     dirac1 = {"a": jnp.asarray(0.0), "â": jnp.asarray(1.0)}
