@@ -25,10 +25,6 @@ TOL = 1e-12
 FAST_COMPILE = {"xla_backend_optimization_level": 0}  # large graphs evaluated once or twice
 
 
-def _coefficients(condition):
-    return condition.coefficients
-
-
 def _assert_condition(condition, expected):
     """`condition` is the polynomial `expected` (dict monomial → value) to 1e-12."""
     got = condition.coefficients

@@ -558,7 +558,9 @@ def order_conditions(
             for row in rows:
                 present = np.stack([np.asarray(e) for e, c in zip(monos, row) if c != 0.0])
                 common = np.where([name in nonzero for name in names], present.min(axis=0), 0)
-                shifted.append({tuple(int(x) for x in np.asarray(e) - common): c for e, c in zip(monos, row) if c != 0.0})
+                shifted.append(
+                    {tuple(int(x) for x in np.asarray(e) - common): c for e, c in zip(monos, row) if c != 0.0}
+                )
             monos = sorted({e for r in shifted for e in r}, key=lambda e: (-sum(e), tuple(-x for x in e)))
             rows = _rref(np.array([[r.get(e, 0.0) for e in monos] for r in shifted]), 1e-10)
         for row in rows:
