@@ -94,6 +94,7 @@ from ._analysis.taylor import (
     exact_flow as exact_flow,
     order_conditions as order_conditions,
     random_polynomial as random_polynomial,
+    reduce_conditions as reduce_conditions,
     series_root as series_root,
     solve_conditions as solve_conditions,
     taylor_coefficients as taylor_coefficients,

@@ -356,3 +356,19 @@ def test_partitioned_family_gives_stormer_verlet():
     assert sorted(str(c) for c in conditions if c.power == 1) == ["b1 + b2 − 1 = 0", "c − 1 = 0"]
     theta = geomjax.solve_conditions(conditions, {"b1": 0.2, "b2": 0.9, "c": 1.3})
     np.testing.assert_allclose([theta["b1"], theta["b2"], theta["c"]], [0.5, 0.5, 1.0], rtol=0, atol=TOL)
+
+
+def test_reduce_conditions_states_them_as_one_groebner_basis():
+    pytest.importorskip("sympy")
+    # Seed 004's general family: h¹ and h² conditions together (states at the origin).
+    sample, defect = _seed_family(n=2, state_scale=0.0)
+    conditions = geomjax.order_conditions(defect, ("a", "b", "c", "d"), sample, [1, 2], samples=6)
+    reduced = geomjax.reduce_conditions(conditions)
+    # every point of the reduced set satisfies the original conditions, and conversely
+    for theta in ({"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0}, {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5}):
+        assert all(abs(c(theta)) < TOL for c in conditions + reduced)
+    explicit = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}
+    assert any(abs(c(explicit)) > 0.1 for c in reduced)
+    assert all(c.exact and c.power == 2 for c in reduced)
+    # a + b = c + d and (b − c)(c + d) = 0: under consistency, b = c, i.e. a = d
+    assert [str(c) for c in reduced] == ["a + b − c − d = 0", "b·c + b·d − c² − c·d = 0"]

@@ -22,7 +22,8 @@ The method has the property to order m for *every* problem of a class (arbitrary
    form over a graded order of the monomials, with coefficients rounded to small
    rationals — one `OrderCondition` per basis polynomial.
 3. `solve_conditions`: a point θ where given conditions hold (Newton with minimum-norm
-   steps), with some coefficients fixed by choice.
+   steps), with some coefficients fixed by choice; `reduce_conditions` (with sympy) states
+   the conditions of several powers as one reduced Gröbner basis.
 
 The fit needs the defect to be polynomial in θ. When it is rational with denominators
 that are powers of some coefficients (an implicit stage solved with a factor â in front
@@ -567,6 +568,70 @@ def order_conditions(
             terms = [(tuple(int(x) for x in e), c) for e, c in zip(monos, row) if c != 0.0]
             rounded = [(e, _rationalise(c, rational_tol, max_denominator)) for e, c in terms]
             out.append(OrderCondition(m, names, rounded, [c for _, c in terms]))
+    return out
+
+
+def reduce_conditions(conditions: Sequence[OrderCondition]) -> list:
+    """The reduced Gröbner basis of the ideal the conditions generate (needs `sympy`).
+
+    `order_conditions` returns, power by power, a basis of a *linear* span: it may list
+    a − 1 and a² − 1 side by side, and the conditions of several powers overlap. The
+    reduced Gröbner basis (graded reverse lexicographic order, in the order of `names`)
+    of all the given polynomials has the same common zeros and is canonical: for
+    conditions of the powers 1…m together it states "order m" compactly. The results
+    carry the largest power among the inputs. All coefficients must be exact rationals.
+
+    **Arguments:** `conditions`: `OrderCondition`s on the same names.
+
+    **Returns:** a list of `OrderCondition`; `[1 = 0]` when no θ satisfies them all.
+
+    Example (the second-order conditions of the two-stage explicit Runge–Kutta family,
+    and the choice c₂ = 1 written as a condition: Heun's method):
+
+    ```python
+    >>> import geomjax
+    >>> from fractions import Fraction as F
+    >>> names = ("b1", "b2", "c2")
+    >>> conditions = [
+    ...     geomjax.OrderCondition(1, names, [((1, 0, 0), F(1)), ((0, 1, 0), F(1)), ((0, 0, 0), F(-1))], [1, 1, -1]),
+    ...     geomjax.OrderCondition(2, names, [((0, 1, 1), F(1)), ((0, 0, 0), F(-1, 2))], [1, -0.5]),
+    ...     geomjax.OrderCondition(2, names, [((0, 0, 1), F(1)), ((0, 0, 0), F(-1))], [1, -1]),
+    ... ]
+    >>> [str(c) for c in geomjax.reduce_conditions(conditions)]
+    ['b1 − 1/2 = 0', 'b2 − 1/2 = 0', 'c2 − 1 = 0']
+
+    ```
+    """
+    try:
+        import sympy
+    except ImportError as error:  # pragma: no cover
+        raise ImportError("reduce_conditions needs sympy (pip install sympy)") from error
+    if not conditions:
+        return []
+    names = conditions[0].names
+    if any(c.names != names for c in conditions):
+        raise ValueError("all conditions must be on the same coefficient names")
+    if not all(c.exact for c in conditions):
+        raise ValueError("reduce_conditions needs exact (rational) coefficients; some were not rounded")
+    symbols = sympy.symbols([f"x{j}" for j in range(len(names))])
+
+    def polynomial(terms):
+        return sum(
+            sympy.Rational(c.numerator, c.denominator) * sympy.prod([x**k for x, k in zip(symbols, e)]) for e, c in terms
+        )
+
+    polys = [polynomial(cond.terms) for cond in conditions]
+    basis = sympy.groebner(polys, *symbols, order="grevlex")
+    power = max(c.power for c in conditions)
+    out = []
+    for g in basis.exprs:
+        poly = sympy.Poly(g, *symbols)
+        terms = [(tuple(int(k) for k in e), Fraction(int(c.p), int(c.q))) for e, c in poly.terms()]
+        terms.sort(key=lambda t: (-sum(t[0]), tuple(-x for x in t[0])))
+        lead = terms[0][1]
+        terms = [(e, c / lead) for e, c in terms]
+        out.append(OrderCondition(power, names, terms, [float(c) for _, c in terms]))
+    out.sort(key=lambda c: (sum(c.terms[0][0]), tuple(-x for x in c.terms[0][0])))
     return out
 
 
