@@ -55,6 +55,38 @@ def test_taylor_coefficients_through_newton_and_series_root():
         np.testing.assert_allclose(cs, catalan, rtol=0, atol=1e-12)
 
 
+def test_newton_and_series_root_give_the_same_step_jacobian_series():
+    # The implicit seed-004 step (a, b, c, d) = (0.3, 0.8, 0.6, 0.2), solved by geomjax.Newton
+    # (derivatives by the implicit function theorem) and by series_root: the Taylor
+    # coefficients in h of DΦ_h agree through h².
+    n = 1
+    H = geomjax.random_polynomial(jax.random.key(1), 2 * n, 4)
+    x = jax.random.normal(jax.random.key(2), (2 * n,))
+    a, b, c, d = 0.3, 0.8, 0.6, 0.2
+
+    def residual(z, x, h):
+        q, p, q1, p1 = x[:n], x[n:], z[:n], z[n:]
+        g = jax.jacfwd(H)(jnp.concatenate([a * q + b * q1, c * p + d * p1]))
+        return jnp.concatenate([q1 - q - h * g[n:], p1 - p + h * g[:n]])
+
+    def newton_step(x, h):
+        return geomjax.Newton().solve(lambda z: residual(z, x, h), x).value
+
+    def series_step(x, h):
+        return geomjax.series_root(lambda z, h: residual(z, x, h), x, h, 2)
+
+    @partial(jax.jit, compiler_options=FAST_COMPILE)
+    def series(x):
+        return [
+            jnp.stack(geomjax.taylor_coefficients(lambda h: jax.jacfwd(step, 0)(x, h), 2))
+            for step in (newton_step, series_step)
+        ]
+
+    by_newton, by_series = series(x)
+    np.testing.assert_allclose(by_newton, by_series, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(by_newton))))
+    assert float(jnp.max(jnp.abs(by_newton[2]))) > 1e-3
+
+
 # ---------------------------------------------------------------------------------------
 # Seed 004: symplecticity of q⁺ = q + h H_p(q̄, p̄), p⁺ = p − h H_q(q̄, p̄)
 
