@@ -426,8 +426,10 @@ def order_conditions(
     - `powers`: an int or a sequence of ints m ≥ 0.
     - `samples`: the number of random problems.
     - `degree`: the degree of the fit in θ (default: the smallest that fits, from m).
-    - `nonzero`: names of coefficients that may appear in denominators (see the module
-      notes); conditions are then stated for these coefficients nonzero.
+    - `nonzero`: names of coefficients that may appear in denominators: d_m is multiplied
+      by the smallest power of their product that makes it a polynomial, and each
+      condition divided by the largest monomial in them that divides it; the conditions
+      are then stated for these coefficients nonzero.
     - `theta_range`: the interval θ is sampled from (names in `nonzero`: |θ| in
       [0.5, 1.5], either sign).
     - `key`: a `jax.random` key (default `jax.random.key(0)`).
