@@ -96,6 +96,18 @@ from . import diagnostics as diagnostics
 # Dirac–Runge–Kutta
 from ._step.dirac_rk import DiracRungeKutta as DiracRungeKutta, DiracStages as DiracStages, dirac_rk as dirac_rk
 from ._step.partitioned_tableau import PartitionedTableau as PartitionedTableau
+# order conditions
+from ._analysis.taylor import (
+    OrderCondition as OrderCondition,
+    Polynomial as Polynomial,
+    exact_flow as exact_flow,
+    order_conditions as order_conditions,
+    random_polynomial as random_polynomial,
+    reduce_conditions as reduce_conditions,
+    series_root as series_root,
+    solve_conditions as solve_conditions,
+    taylor_coefficients as taylor_coefficients,
+)
 
 __version__ = "0.1.0"
 
