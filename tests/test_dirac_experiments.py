@@ -8,7 +8,6 @@ ranking is checked at the chosen setting for the methods geomjax has.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import geomjax
 from geomjax.experiments import _dirac_methods as dm

@@ -15,7 +15,6 @@ gradients). The scheme is second order and reversible, keeps the constraint
 the contact oscillator keeps the energy error bounded.
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 

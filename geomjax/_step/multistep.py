@@ -19,7 +19,6 @@ system, the index-reduced ODE).
 from fractions import Fraction
 
 import equinox as eqx
-import jax
 import numpy as np
 
 from .._field.base import AbstractField, as_field, tree_axpy

@@ -5,7 +5,7 @@ released from rest at an angle θ₀ from the downward vertical; m = ℓ = 1.
 
 Methods (`_dirac_methods`): Dirac-1 and Dirac-2 (seed eq. (7) with the forward and the
 central velocity), and on the index-reduced field `geomjax.dirac_field(system)`: explicit
-Euler (Fig. 1 only), the trapezium rule, AB3 (when geomjax has it) and RK4; references:
+Euler (Fig. 1 only), the trapezium rule, AB3 and RK4; references:
 RATTLE, Gauss order 4 and feedback Euler (gains 0.1/h). All share one step h.
 
 Constraint error (Table I): the largest relative error |x² + y² − ℓ²|/ℓ² over every step
@@ -268,8 +268,6 @@ def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_p
             "ranking_matches_seed": best["ranking_matches"],
             "log10_rms_distance": best["log10_rms_distance"],
             "methods_in_match": found["methods"],
-            "dirac2_implementation": "geomjax.dirac2" if dm.has("dirac2") else "stand-in (see _dirac_methods)",
-            "dirac1_implementation": "geomjax.dirac1" if dm.has("dirac1") else "geomjax.forced_dla(L, nonholonomic=Dphi)",
         },
         "table1": full_table,
         "table1_at_end": {k: table_end.get(k, "not run") for k in TABLE_METHODS},

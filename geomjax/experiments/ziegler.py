@@ -151,8 +151,7 @@ def run_column(out_dir: pathlib.Path, progress: bool, t_final=None, h=None, meth
     return {
         "parameters": {**COLUMN, "h": h, "t_final": t_final, "reference": f"RK4 on the index-reduced field, h/{REFERENCE_REFINE}",
                        "reference_max_angle_change_vs_h_over_10": reference_spread,
-                       "spring_sign": "restoring (-k/2 theta^2 in L); the seed prints +k/2 theta^2",
-                       "dirac2_implementation": "geomjax.dirac2" if dm.has("dirac2") else "stand-in (see _dirac_methods)"},
+                       "spring_sign": "restoring (-k/2 theta^2 in L); the seed prints +k/2 theta^2"},
         "methods": metrics,
         "figures": [p.name for p in figures],
         "summary": summary,
