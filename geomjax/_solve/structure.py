@@ -17,11 +17,12 @@ about the graph, valid for every input and every parameter value, never a sample
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..internal.sparsity import jacobian_pattern
-from .linalg import small_solve
+from ..internal.sparsity import bandwidth, jacobian_pattern
+from .linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 
 
 class SystemStructure:
@@ -83,7 +84,7 @@ def linear_solve(fn, guess):
     return unravel(flat - small_solve(jac, value))
 
 
-def saddle_linear_solve(fn, guess):
+def saddle_linear_solve(fn, guess, pattern: np.ndarray | None = None):
     """The root of `fn`, affine in its two blocks of unknowns `guess = (u, μ)`, by block
     elimination on the leading block: for the Jacobian [[A, B], [C, D]] (A = ∂F₁/∂u),
 
@@ -94,11 +95,17 @@ def saddle_linear_solve(fn, guess):
     and the small Schur complement S needs no pivoting across the blocks, which a dense
     elimination of the whole (indefinite) matrix does; through `scalar_graph` a constant
     A then folds away (the pendulum's A = m I leaves one division for S).
+
+    `pattern`: the structural Jacobian pattern of `fn` (`SystemStructure.depends`), if
+    known. With it, a diagonal A is divided by instead of solved, and a tridiagonal S
+    (a chain: each constraint couples neighbouring bodies, and S = α W⁻¹ αᵀ is
+    tridiagonal) larger than the unrolled size is solved in O(k)
+    (`tridiagonal_solve`) instead of by a dense LAPACK solve.
     """
     (u, mu) = guess
     flat_u, unravel_u = ravel_pytree(u)
     flat_mu, unravel_mu = ravel_pytree(mu)
-    n = int(flat_u.shape[0])
+    n, k = int(flat_u.shape[0]), int(flat_mu.shape[0])
 
     def residual(a, b):
         return ravel_pytree(fn((unravel_u(a), unravel_mu(b))))[0]
@@ -106,9 +113,25 @@ def saddle_linear_solve(fn, guess):
     value = residual(flat_u, flat_mu)
     jac_u, jac_mu = jax.jacfwd(residual, argnums=(0, 1))(flat_u, flat_mu)
     a, b, c, d = jac_u[:n], jac_mu[:n], jac_u[n:], jac_mu[n:]
-    ai_r = small_solve(a, value[:n])
-    ai_b = small_solve(a, b)
+    a_diagonal = pattern is not None and not (pattern[:n, :n] & ~np.eye(n, dtype=bool)).any()
+    if a_diagonal:
+        diag = jnp.diagonal(a)
+        ai_r, ai_b = value[:n] / diag, b / diag[:, None]
+    else:
+        ai_r, ai_b = small_solve(a, value[:n]), small_solve(a, b)
     schur = d - c @ ai_b
-    d_mu = small_solve(schur, value[n:] - c @ ai_r)
+    rhs = value[n:] - c @ ai_r
+    tridiagonal = False
+    if pattern is not None and k > _UNROLL_MAX:
+        a_inverse = np.eye(n, dtype=np.int64) if a_diagonal else np.ones((n, n), np.int64)
+        coupling = (pattern[n:, :n].astype(np.int64) @ a_inverse @ pattern[:n, n:].astype(np.int64)) > 0
+        tridiagonal = bandwidth(pattern[n:, n:] | coupling) <= 1
+    if tridiagonal:
+        zero = jnp.zeros((1,), schur.dtype)
+        sub = jnp.concatenate([zero, jnp.diagonal(schur, -1)])
+        sup = jnp.concatenate([jnp.diagonal(schur, 1), zero])
+        d_mu = tridiagonal_solve(sub, jnp.diagonal(schur), sup, rhs)
+    else:
+        d_mu = small_solve(schur, rhs)
     d_u = ai_r - ai_b @ d_mu
     return unravel_u(flat_u - d_u), unravel_mu(flat_mu - d_mu)

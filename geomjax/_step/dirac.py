@@ -122,11 +122,12 @@ class _Equations:
         return q_next, self.system.momentum(self.q, qt)
 
 
-def _affine(equations: _Equations) -> bool:
+def _affine_pattern(equations: _Equations):
+    """The Jacobian pattern of the equations when they are affine in all unknowns, else None."""
     zeros = equations.zeros()
     structure = SystemStructure.of(equations, zeros)
     everything = list(range(structure.depends.shape[0]))
-    return structure.affine(everything, everything)
+    return structure.depends if structure.affine(everything, everything) else None
 
 
 class DiracStep(AbstractStep):
@@ -182,12 +183,13 @@ class DiracStep(AbstractStep):
         past = z[2] if self.history else ()
         h = jnp.asarray(h, q.dtype)
         equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
-        if _affine(equations):
+        pattern = _affine_pattern(equations)
+        if pattern is not None:
 
             def solve(past, q, p, h):
                 eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
                 zeros = eqs.zeros()
-                root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros)
+                root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros, pattern)
                 return eqs.finish(root)
 
             # One linear solve is the root: no convergence to report (a singular matrix
