@@ -272,3 +272,17 @@ def test_chain_uses_the_tridiagonal_schur_complement_and_agrees_with_the_dense_s
     assert "tridiagonal_solve" in jaxpr
     # and the equations hold at the root
     assert float(jnp.max(jnp.abs(jnp.concatenate(eqs(sparse))))) < 1e-12
+
+
+def test_gradient_in_the_ziegler_load_against_finite_differences():
+    # d/dP of the final tip height of a Dirac-2 run of the Ziegler column (P enters L
+    # through the model's parameters; one compilation serves every P).
+    def tip_height(load):
+        model = geomjax.models.ziegler_column(2, P=load, angles=jnp.array([0.3, 0.1]))
+        step = geomjax.dirac2(model.lagrangian, holonomic=model.holonomic)
+        return geomjax.integrate(step, model.x0, dt=0.02, steps=50, save_every=50, drift_tol=None).xs[-1, 3]
+
+    load, eps = 0.4, 1e-5
+    grad = jax.grad(tip_height)(load)
+    fd = (tip_height(load + eps) - tip_height(load - eps)) / (2 * eps)
+    np.testing.assert_allclose(float(grad), float(fd), rtol=1e-6)
