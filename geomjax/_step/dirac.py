@@ -38,12 +38,16 @@ multistep recurrence with ρ(ζ) = (ζ − 1)²(ζ + 1), σ(ζ) = 2ζ², whose e
 ρ(eʰ) − h²σ(eʰ) = −h³ + O(h⁴) is of order 1; on the harmonic oscillator it damps the
 amplitude by e^{−ht/4}. Its "order 2" (seed Table I) is that of its velocity
 approximation and of its constraint, α(q_k)·(q_{k+1} − q_{k−1})/2h = 0, which is why
-it keeps the constraint far better than Dirac-1.
+it keeps the constraint far better than Dirac-1. The root ζ = −1 of ρ is a parasitic
+mode: it can grow on nonlinear problems (the `pendulum-dirac` experiment at 141 steps
+per period, and the full turns of the `ziegler-column` experiment).
 
 **Solves.** When L is quadratic in v and the imposed constraints are affine in q_{k+1}
 (the velocity level), the equations are affine in (q_{k+1}, λ) — decided from their jaxpr
-(`geomjax._solve.structure`, sound) — and one linear solve is the exact root, evaluated
-through its simplified scalar graph. Otherwise Newton's method (`geomjax.Newton`, exact
+(`geomjax._solve.structure`, sound) — and one linear solve is the exact root, by block
+elimination of the saddle-point system on the velocity block (`saddle_linear_solve`: a
+diagonal block divided by, a tridiagonal Schur complement of a chain solved in O(k)),
+evaluated through its simplified scalar graph. Otherwise Newton's method (`geomjax.Newton`, exact
 implicit derivatives) solves for w = (q_{k+1} − q_k)/h and the impulse hλ, and a failure is reported
 as `RESULTS.newton_failed`.
 """

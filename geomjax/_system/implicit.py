@@ -32,6 +32,7 @@ from .legendre import REGULAR_HINT, hessian_dependence, solve_gradient, velocity
 from .velocity_constraints import AbstractVelocityConstraint, as_velocity_constraint
 
 _QUADRATIC: dict = {}
+_QUADRATIC_MAX = 256
 
 
 def _is_quadratic(lagrangian, n: int) -> bool:
@@ -43,6 +44,8 @@ def _is_quadratic(lagrangian, n: int) -> bool:
     except TypeError:  # an unhashable callable (a module holding traced parameters)
         return not hessian_dependence(lambda q, v: lagrangian(q, v), zeros, zeros)[0]
     if cached is None:
+        if len(_QUADRATIC) >= _QUADRATIC_MAX:  # bounded: user code may make new closures freely
+            _QUADRATIC.clear()
         cached = _QUADRATIC[key] = not hessian_dependence(lambda q, v: lagrangian(q, v), zeros, zeros)[0]
     return cached
 
