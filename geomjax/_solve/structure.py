@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
+from ..internal.sparsity import bandwidth, jacobian_pattern
 from .linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 
 
@@ -84,35 +84,6 @@ def linear_solve(fn, guess):
     return unravel(flat - small_solve(jac, value))
 
 
-# Above this many unknowns the read-back (one m × m mask per colour) costs more than it
-# saves (Ziegler column, Dirac-1 on the CPU: 8 rods, 24 unknowns: 3.1e5 -> 4.6e5
-# trajectory-steps/s; 32 rods, 96 unknowns: 3.0e4 -> 1.8e4).
-_COMPRESSED_MAX = 48
-
-
-def compressed_jacobian(fn, y, pattern: np.ndarray):
-    """∂fn/∂y (dense, m × m) from its structural `pattern`: the columns are coloured so that
-    no two of one colour share a row, one JVP per colour along the sum of its unit vectors,
-    and the entries read back where the pattern allows them (Curtis–Powell–Reid). A chain
-    of constraints needs a handful of JVPs instead of one per unknown. With as many colours
-    as unknowns, or more than `_COMPRESSED_MAX` unknowns, this is `jax.jacfwd`."""
-    m = int(y.shape[0])
-    colors = greedy_coloring(pattern)
-    n_colors = int(colors.max()) + 1 if m else 0
-    if n_colors >= m or m > _COMPRESSED_MAX:
-        return jax.jacfwd(fn)(y)
-    seeds = np.zeros((n_colors, m))
-    seeds[colors, np.arange(m)] = 1.0
-    _, compressed = jax.vmap(lambda t: jax.jvp(fn, (y,), (t,)))(jnp.asarray(seeds, y.dtype))  # (colours, m)
-    # J = Σ_c compressed[c] ⊗ mask_c with constant 0/1 masks (no scatter or gather, so the
-    # scalar-graph pass can expand it and drop the structural zeros)
-    jac = jnp.zeros((m, m), y.dtype)
-    for c in range(n_colors):
-        mask = pattern & (colors == c)[None, :]
-        jac = jac + compressed[c][:, None] * jnp.asarray(mask, y.dtype)
-    return jac
-
-
 def saddle_linear_solve(fn, guess, pattern: np.ndarray | None = None):
     """The root of `fn`, affine in its two blocks of unknowns `guess = (u, μ)`, by block
     elimination on the leading block: for the Jacobian [[A, B], [C, D]] (A = ∂F₁/∂u),
@@ -140,11 +111,7 @@ def saddle_linear_solve(fn, guess, pattern: np.ndarray | None = None):
         return ravel_pytree(fn((unravel_u(a), unravel_mu(b))))[0]
 
     value = residual(flat_u, flat_mu)
-    if pattern is not None:
-        jac = compressed_jacobian(lambda y: residual(y[:n], y[n:]), jnp.concatenate([flat_u, flat_mu]), pattern)
-        jac_u, jac_mu = jac[:, :n], jac[:, n:]
-    else:
-        jac_u, jac_mu = jax.jacfwd(residual, argnums=(0, 1))(flat_u, flat_mu)
+    jac_u, jac_mu = jax.jacfwd(residual, argnums=(0, 1))(flat_u, flat_mu)
     a, b, c, d = jac_u[:n], jac_mu[:n], jac_u[n:], jac_mu[n:]
     a_diagonal = pattern is not None and not (pattern[:n, :n] & ~np.eye(n, dtype=bool)).any()
     if a_diagonal:
