@@ -286,3 +286,15 @@ def test_gradient_in_the_ziegler_load_against_finite_differences():
     grad = jax.grad(tip_height)(load)
     fd = (tip_height(load + eps) - tip_height(load - eps)) / (2 * eps)
     np.testing.assert_allclose(float(grad), float(fd), rtol=1e-6)
+
+
+def test_a_failed_starter_is_not_a_success():
+    # Dirac-2 with a Newton-based starter that cannot converge (one iteration, L quartic in
+    # v): the history it leaves is not trusted, and the run reports the first step.
+    L = lambda q, v: pendulum_lagrangian(q, v) + (v @ v) ** 2  # noqa: E731
+    starter = geomjax.dirac1(L, holonomic=pendulum_phi, constraint="position", newton=geomjax.Newton(max_steps=1))
+    step = geomjax.dirac2(pendulum_lagrangian, holonomic=pendulum_phi, starter=starter)
+    x0 = X0.at[2].set(0.5 * np.cos(1.0)).at[3].set(0.5 * np.sin(1.0))  # moving along the circle
+    sol = geomjax.integrate(step, x0, dt=0.2, steps=4, drift_tol=None, throw=False)
+    assert sol.result == geomjax.RESULTS.nonfinite_first_step
+    assert int(sol.failed_step) == 1

@@ -64,6 +64,7 @@ from .._solve.structure import SystemStructure, linear_solve, saddle_linear_solv
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
 from .._validate import _TRACE_ERRORS, untraceable_message
 from ..internal.simplify import scalar_graph
+from .._status import RESULTS
 from .base import AbstractStep, newton_status, ok_status
 
 
@@ -162,24 +163,30 @@ class DiracStep(AbstractStep):
         return self.system.split(x)
 
     def merge(self, z):
-        return jnp.concatenate([z[0], z[1]])
+        return self.system.merge(z)
 
     def start(self, t0, z0, h, args):
         if not self.history:
             return z0
         q, p = z0[0], z0[1]
         past = []
-        state = (q, p)
         sub = -h / self.starter_substeps
-        def substep(_, state):
-            return self.starter.advance(t0, state, sub, args)[0]
 
+        def substep(_, carry):
+            state, ok = carry
+            state, result = self.starter.advance(t0, state, sub, args)
+            return state, ok & (result == RESULTS.successful)
+
+        carry = ((q, p), jnp.asarray(True))
         for _ in range(self.history):
             # in a loop: written out, 16 linear solves made Dirac-2 on a Ziegler column
             # take 11 s to compile
-            state = lax.fori_loop(0, self.starter_substeps, substep, state)
-            past.insert(0, state[0])
-        return (q, p, tuple(past))
+            carry = lax.fori_loop(0, self.starter_substeps, substep, carry)
+            past.insert(0, carry[0][0])
+        # A starter whose Newton solve failed gives no history to trust: NaN past positions
+        # make the first step non-finite, which the driver reports at step 1.
+        ok = carry[1]
+        return (q, p, tuple(jnp.where(ok, a, jnp.nan) for a in past))
 
     def advance(self, t, z, h, args):
         del t, args
@@ -207,10 +214,6 @@ class DiracStep(AbstractStep):
         if not self.history:
             return (q_next, p_next), status
         return (q_next, p_next, tuple(past[1:]) + (q,)), status
-
-    def __call__(self, x, h, t=0.0, args=None):
-        z, _ = self.advance(t, self.start(t, self.split(x), h, args), h, args)
-        return self.merge(z)
 
     def check(self, x0) -> None:
         self.system.check(x0, "a Dirac integrator")

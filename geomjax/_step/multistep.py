@@ -103,10 +103,6 @@ class AdamsBashforth(FieldStep):
             out = tree_axpy(h * b, f, out)
         return (out, (slope,) + tuple(past[:-1])), ok_status()
 
-    def __call__(self, x, h, t=0.0, args=None):
-        z, _ = self.advance(t, self.start(t, self.split(x), h, args), h, args)
-        return self.merge(z)
-
 
 def adams_bashforth(field, steps: int = 3) -> AdamsBashforth:
     """The explicit k-step Adams–Bashforth method (order k) for a field, with an RK4 starter.
