@@ -198,6 +198,17 @@ class Polynomial(eqx.Module):
 
     **Fields:** `exponents` (static tuple of exponent tuples), `coefficients` (array of
     shape `(len(exponents),) + shape`).
+
+    Example (P(x, y) = 2 + 3xy²):
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> from geomjax import Polynomial
+    >>> P = Polynomial(((0, 0), (1, 2)), jnp.array([2.0, 3.0]))
+    >>> float(P(jnp.array([2.0, 1.0])))
+    8.0
+
+    ```
     """
 
     exponents: tuple = eqx.field(static=True)

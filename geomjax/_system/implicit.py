@@ -54,7 +54,21 @@ class ImplicitLagrangian(eqx.Module):
     """(L, Δ_Q) with Δ_Q = ker α(q): a Lagrangian and its constraint one-forms.
 
     Built by `as_implicit_lagrangian`; the Dirac steps (`geomjax.dirac1`, `geomjax.dirac2`,
-    `geomjax.dirac_rk`) keep one. Flat states are x = (q, p) of length 2n.
+    `geomjax.dirac_rk`) keep one as `step.system`. Flat states are x = (q, p) of length 2n.
+
+    Example (the pendulum in Cartesian coordinates: α = Dφ = 2qᵀ, residuals φ and α·v):
+
+    ```python
+    >>> import geomjax, jax.numpy as jnp
+    >>> step = geomjax.dirac1(lambda q, v: 0.5 * v @ v - 9.81 * q[1],
+    ...                       holonomic=lambda q: jnp.array([q @ q - 1.0]))
+    >>> system = step.system
+    >>> system.forms(jnp.array([0.6, -0.8]))
+    Array([[ 1.2, -1.6]], dtype=float64)
+    >>> system.constraint_residuals(jnp.array([0.6, -0.8, 0.8, 0.6]))
+    Array([0., 0.], dtype=float64)
+
+    ```
     """
 
     lagrangian: Callable
