@@ -11,6 +11,9 @@ from ._field.dirac import DiracField as DiracField, constraint_matrix as constra
 from ._field.feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
 from ._field.base import AbstractField as AbstractField, TimeField as TimeField
 from ._driver.integrate import integrate as integrate
+from ._driver.sweep import sweep as sweep
+from ._driver.sweep_result import SweepResult as SweepResult
+from ._driver.grid import Grid as Grid, product as product, zipped as zipped
 from ._step.methods import method_names as method_names, method_order as method_order, register_method as register_method
 from ._step.runge_kutta import (
     EULER as EULER,

@@ -92,3 +92,8 @@ def from_code(code):
     """The `RESULTS` item with integer code `code` (an int array, e.g. from a loop carry)."""
     item = RESULTS.successful
     return eqx.tree_at(lambda r: r._value, item, jnp.asarray(code, item._value.dtype))
+
+
+def status_names() -> dict:
+    """{integer code: member name} of `RESULTS` (e.g. 4 ↦ "diverged")."""
+    return {int(item._value): name for name, item in RESULTS._name_to_item.items()}

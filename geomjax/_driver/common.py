@@ -71,7 +71,11 @@ STEPS, FAILED_STEP, STATUS = 0, 1, 2
 
 
 class Monitor(eqx.Module):
-    """The tolerances of one run and the reference values they are measured from."""
+    """The tolerances of one run and the reference values they are measured from.
+
+    Reductions run over axis 0 (the entries of a flat state, of the invariants, of the
+    residuals), so a batch of runs laid out (entries, members) gets one code per member.
+    """
 
     invariants0: jax.Array
     scale: jax.Array
@@ -85,20 +89,20 @@ class Monitor(eqx.Module):
         inv = target.invariants(x)
         if inv.shape[0]:
             err = jnp.abs(inv - self.invariants0) / (1.0 + jnp.abs(self.invariants0))
-            code = jnp.where(jnp.max(err) > self.drift_tol, code_of(RESULTS.invariant_drift), code)
+            code = jnp.where(jnp.max(err, axis=0) > self.drift_tol, code_of(RESULTS.invariant_drift), code)
         res = target.constraint_residuals(x)
         if res.shape[0]:
-            bad = jnp.max(jnp.abs(res)) > self.drift_tol * self.scale
+            bad = jnp.max(jnp.abs(res), axis=0) > self.drift_tol * self.scale
             code = jnp.where(bad, code_of(RESULTS.constraint_violation), code)
         # NaN comparisons are False: a NaN monitored value is a failure too.
-        finite = jnp.all(jnp.isfinite(inv)) & jnp.all(jnp.isfinite(res))
+        finite = jnp.all(jnp.isfinite(inv), axis=0) & jnp.all(jnp.isfinite(res), axis=0)
         return jnp.where(finite, code, code_of(RESULTS.constraint_violation))
 
 
 def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
     """The start record (status at step 0) and the run's monitor."""
-    scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)))
-    code = jnp.where(jnp.all(jnp.isfinite(x0)), OK, code_of(RESULTS.nonfinite_start))
+    scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)), axis=0)
+    code = jnp.where(jnp.all(jnp.isfinite(x0), axis=0), OK, code_of(RESULTS.nonfinite_start))
     # A concrete dt was checked before the run; a traced one (a parameter of a jitted or
     # vmapped function) is checked here.
     dt_ok = jnp.isfinite(dt) & (dt > 0)
@@ -106,10 +110,10 @@ def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
     if start_tol is not None:
         res = target.constraint_residuals(x0)
         if res.shape[0]:
-            off = ~(jnp.max(jnp.abs(res)) <= start_tol * scale)
+            off = ~(jnp.max(jnp.abs(res), axis=0) <= start_tol * scale)
             code = jnp.where(code == OK, jnp.where(off, code_of(RESULTS.off_constraint_set), OK), code)
     code = jnp.asarray(code, jnp.int64)
-    record = jnp.stack([jnp.zeros((), jnp.int64), jnp.where(code == OK, -1, 0), code])
+    record = jnp.stack([jnp.zeros_like(code), jnp.where(code == OK, -1, 0), code])
     monitor = Monitor(target.invariants(x0), scale, drift_tol)
     return record, monitor
 

@@ -44,35 +44,6 @@ from .._validate import as_state, check_positive_step, is_concrete
 _CHUNK_STEPS = 1 << 20
 
 
-def _state_sum(z):
-    """The sum of every entry of the state; small pieces as written-out scalars."""
-    total = None
-    for leaf in jax.tree_util.tree_leaves(z):
-        flat = leaf.reshape(-1)
-        if flat.shape[0] <= 8:
-            part = flat[0]
-            for i in range(1, flat.shape[0]):
-                part = part + flat[i]
-        else:
-            part = jnp.sum(flat)
-        total = part if total is None else total + part
-    return total
-
-
-def _all_finite(z):
-    """True if every entry of the state is finite.
-
-    A sum is non-finite exactly when some term is NaN or ±inf (inf − inf gives NaN), so one
-    scalar test suffices; small pieces are summed as written-out scalars, which XLA fuses
-    into the step instead of launching a reduction per step.
-    """
-    return jnp.isfinite(_state_sum(z))
-
-
-def _select(ok, new, old):
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
-
-
 def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
     """`(z, record) ↦ (z, record)` after `block` steps, every step checked and recorded.
 
@@ -98,7 +69,7 @@ def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool)
         t = t0 + (k - 1).astype(dt.dtype) * dt
         z_next, result = advance(t, z)
         code = jnp.asarray(result._value, jnp.int64)
-        finite = _all_finite(z_next)
+        finite = jnp.isfinite(step.state_sum(z_next))
         step_ok = (code == OK) & finite
         blow_up = jnp.where(k == 1, code_of(RESULTS.nonfinite_first_step), code_of(RESULTS.diverged))
         code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
@@ -112,7 +83,7 @@ def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool)
         # off the integer status instead, it makes XLA's CPU runtime run the forward half
         # of reverse mode about 20× slower (measured 0.35 → 6.5 ms for 10⁴ Euler steps).
         running_next = running & step_ok
-        return (_select(running_next, z_next, z), record, running_next), None
+        return (step.state_select(running_next, z_next, z), record, running_next), None
 
     def run(z, record):
         init = (z, record, record[STATUS] == OK)
@@ -122,14 +93,7 @@ def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool)
     return run
 
 
-def _finite_mark(z):
-    """0.0 if every entry of `z` is finite, else NaN (0·x is 0 for finite x, NaN for
-    ±inf and NaN); small pieces are summed as written-out scalars, which XLA fuses into
-    the step."""
-    return 0.0 * _state_sum(z)
-
-
-def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
+def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int = 1):
     """The same map as `exact`, computed with the bookkeeping out of the per-step loop.
 
     The loop carries the state, a running `0·Σx` (NaN from the first non-finite state of
@@ -141,6 +105,10 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
     earlier failure the block keeps the frozen state and only counts its steps.
     """
 
+    def finite_mark(z):
+        # 0 if every entry of z is finite, else NaN (0·x is NaN for ±inf and NaN)
+        return 0.0 * step.state_sum(z)
+
     def run(z, record):
         k0 = record[STEPS]
 
@@ -149,34 +117,35 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact):
             t = t0 + (k0 + i).astype(dt.dtype) * dt
             z_next, result = step.advance(t, z, dt, args)
             if is_concrete(result._value):
-                ok_next = ok if int(np.asarray(result._value)) == OK else jnp.zeros((), bool)
+                ok_next = ok if int(np.asarray(result._value)) == OK else jnp.zeros_like(ok)
             else:
                 ok_next = ok & (jnp.asarray(result._value) == OK)
             # The mark of the state the step starts from (read with the step's own
             # inputs, so XLA computes it beside them); the block's end state after the loop.
-            return (z_next, i + 1, mark + _finite_mark(z), ok_next), None
+            return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
-        init = (z, jnp.zeros((), k0.dtype), jnp.zeros((), dt.dtype), jnp.ones((), bool))
-        (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block)
-        mark = mark + _finite_mark(z_end)
+        init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
+        (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block, unroll=unroll)
+        mark = mark + finite_mark(z_end)
         failed_before = record[STATUS] != OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
         # After an earlier failure the state stays where it was and only the count moves.
-        z_end = _select(failed_before, z, z_end)
+        z_end = step.state_select(failed_before, z, z_end)
         record_end = record.at[STEPS].add(block)
 
         def again(c):
             # From the carry, not from the closure: XLA would hoist a loop-invariant
             # recomputation out of the loop (under vmap, run it for every block).
-            return (jnp.zeros((), bool), *exact(c[1], c[2]))
+            return (jnp.zeros_like(c[0]), *exact(c[1], c[2]))
 
-        _, z_exact, record_exact = lax.while_loop(lambda c: c[0], again, (failed, z, record))
-        return _select(failed, z_exact, z_end), jnp.where(failed, record_exact, record_end)
+        # (`any`: a batched step's members fail one by one; each keeps its own result.)
+        _, z_exact, record_exact = lax.while_loop(lambda c: jnp.any(c[0]), again, (failed, z, record))
+        return step.state_select(failed, z_exact, z_end), jnp.where(failed, record_exact, record_end)
 
     return run
 
 
-def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
+def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, unroll: int = 1):
     """`(z, record) ↦ (z, record)` over one save block: the fast loop for the values, the
     exact per-step loop for derivatives (a `custom_jvp`: reverse mode transposes the
     exact loop's JVP, so a failed block differentiates as the frozen, shorter run).
@@ -202,7 +171,7 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
     def run(dyn, z, record):
         s, h, t, a = rebuild(dyn)
         exact = _exact_steps(s, h, t, a, block, False)
-        return _fast_steps(s, h, t, a, block, exact)(z, record)
+        return _fast_steps(s, h, t, a, block, exact, unroll)(z, record)
 
     @run.defjvp
     def run_jvp(primals, tangents):
@@ -211,12 +180,14 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool):
     return lambda z, record: run(dyn, z, record)
 
 
-def _scan_blocks(step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool):
+def _scan_blocks(
+    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1
+):
     """Run `n_blocks × block` steps; save the flat state after every block.
 
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
     """
-    block_map = _block_map(step, dt, t0, args, block, checkpoint)
+    block_map = _block_map(step, dt, t0, args, block, checkpoint, unroll)
 
     def run_block(c):
         return block_map(*c)
@@ -262,14 +233,15 @@ def _progress_bar(total: int, progress):
 
 def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):
     xs = jnp.concatenate([x0[None, :]] + list(pieces), axis=0)
-    ts = t0 + dt * block * jnp.arange(n_blocks + 1, dtype=x0.dtype)
+    counts = jnp.arange(n_blocks + 1, dtype=x0.dtype).reshape((-1,) + (1,) * jnp.ndim(dt))
+    ts = t0 + dt * block * counts  # (saves,), or (saves, members) for a batch of step sizes
     return solution_from_record(ts, xs, record, dt, t0)
 
 
-def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol):
+def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll=1):
     """Start check, loop, saves and status of a run in one compiled program."""
     step, carry, monitor = begin(step, x0, dt, start_tol, drift_tol, t0, args)
-    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint)
+    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll)
     return _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
 
 
@@ -277,18 +249,18 @@ def _begin_run(step, x0, dt, t0, args, start_tol, drift_tol):
     return begin(step, x0, dt, start_tol, drift_tol, t0, args)
 
 
-def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint):
-    return _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint)
+def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll=1):
+    return _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll)
 
 
-def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol):
+def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol, unroll=1):
     n_blocks = steps // save_every
     concrete = is_concrete((x0, dt, t0, args, step))
     chunks = _chunks(n_blocks, save_every, progress) if concrete else [n_blocks]
     if len(chunks) == 1:
         bar = _progress_bar(steps, progress) if (progress and concrete) else None
         sol = compiled_call(
-            _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol), step, x0, dt, t0, args
+            _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll), step, x0, dt, t0, args
         )
         if bar is not None:
             bar.update(steps)
@@ -300,7 +272,7 @@ def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, 
     bar = _progress_bar(steps, progress) if progress else None
     pieces = []
     for n in chunks:
-        carry, xs = compiled_call(_chunk, (n, save_every, checkpoint), step, carry, dt, t0, args, monitor)
+        carry, xs = compiled_call(_chunk, (n, save_every, checkpoint, unroll), step, carry, dt, t0, args, monitor)
         pieces.append(xs)
         if bar is not None:
             bar.update(n * save_every)

@@ -43,6 +43,34 @@ class AbstractStep(AbstractMonitored):
         z, _ = self.advance(t, self.start(t, self.split(x), h, args), h, args)
         return self.merge(z)
 
+    # The driver's two operations on whole states in pieces. A batch of runs
+    # (`geomjax.sweep`) overrides them to act member by member.
+    def state_sum(self, z):
+        """The sum of every entry of the pieces `z` (non-finite exactly when an entry is);
+        small pieces as written-out scalars, which XLA fuses into the step instead of
+        launching a reduction per step."""
+        return written_out_sum(z, lambda leaf: leaf.reshape(-1), lambda x: jnp.sum(x))
+
+    def state_select(self, keep, new, old):
+        """`new` where `keep`, else `old` (pieces)."""
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, old)
+
+
+def written_out_sum(z, rows, total):
+    """Σ over the entries of each leaf's `rows(leaf)` (a leading axis of entries), as a chain
+    of additions when there are at most 8 of them, else `total(rows)`; summed over leaves."""
+    out = None
+    for leaf in jax.tree_util.tree_leaves(z):
+        r = rows(leaf)
+        if r.shape[0] <= 8:
+            part = r[0]
+            for i in range(1, r.shape[0]):
+                part = part + r[i]
+        else:
+            part = total(r)
+        out = part if out is None else out + part
+    return out
+
 
 def ok_status():
     return RESULTS.successful

@@ -1,0 +1,248 @@
+"""`geomjax.sweep`: one method over a batch of initial states × parameters × gains.
+
+A sweep builds every member's field or step and initial state from the member's values
+(`build(**member)`, under `equinox.filter_vmap`), stacks them into one `BatchedStep` and
+runs the fixed-step driver of `geomjax.integrate` on the whole batch: the same loop, the
+same checks, one status per member. Members are processed in chunks that fit in memory,
+each chunk split over the given devices.
+"""
+
+import math
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._monitored import DRIFT_TOL, START_TOL
+from .._step.methods import build_step
+from .._validate import as_state, check_positive_step, is_concrete
+from .batched import BatchedStep, batch_members
+from .common import compiled_call
+from .grid import as_grid
+from .integrate import _as_count, _as_scalar, _run_fixed, _target
+from .sweep_result import SweepResult
+
+#: Members per compiled chunk when `chunk_size` is not given.
+DEFAULT_CHUNK = 1 << 20
+# Layout and steps per loop iteration per backend, as measured by
+# benchmarks/sweep_throughput.py: on an H100 component-major with 8 steps per iteration
+# is 12–20× the batch-major loop (DESIGN.md); on the CPU (2 cores) batch-major with one
+# step per iteration is fastest.
+_AUTO = {"cpu": ("batch", 1), "gpu": ("component", 8)}
+# Below this many members a GPU is slower than the CPU (about 7 µs per step on a GPU
+# whatever the batch, 20–25 ns per trajectory-step on one CPU core).
+_GPU_MIN_MEMBERS = 4096
+_AXIS = {"batch": 0, "component": -1}
+
+
+def _platform(devices) -> str:
+    platform = devices[0].platform if devices else jax.default_backend()
+    return "cpu" if platform == "cpu" else "gpu"
+
+
+def _as_devices(devices):
+    if devices is None:
+        return None
+    if isinstance(devices, jax.Device):
+        return [devices]
+    if isinstance(devices, str):
+        return jax.devices(devices)
+    devices = list(devices)
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise TypeError("devices must be a jax.Device, a platform name ('cpu', 'gpu') or a list of jax.Device")
+    return devices
+
+
+def _split_build(out):
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            "build(**member) must return a pair (field_or_step, x0): the member's vector field "
+            f"(or step) and its initial state; got {type(out).__name__}"
+        )
+    return out
+
+
+def _batch(build, members, method, is_step, axis, size):
+    """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
+
+    def make(member):
+        target, x0 = _split_build(build(**member))
+        target, _ = _target(target, method)
+        target = target if is_step else build_step(method, target)
+        return target, jnp.asarray(x0, jnp.float64)
+
+    return batch_members(make, members, axis, size)
+
+
+def _errors(step: BatchedStep, xs):
+    """Relative drift of the monitored invariants, (saves, k, B), and the largest
+    constraint residual, (saves, B), at the saved states `xs` (saves, n, B)."""
+    inv = jax.vmap(step.invariants)(xs)
+    res = jax.vmap(step.constraint_residuals)(xs)
+    inv_err = jnp.abs(inv - inv[:1]) / (1.0 + jnp.abs(inv[:1]))
+    res_err = jnp.max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros((xs.shape[0], xs.shape[2]), xs.dtype)
+    return inv_err, res_err
+
+
+def _placed(members, devices, size):
+    if devices is None:
+        return members
+    if len(devices) == 1:
+        return jax.device_put(members, devices[0])
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.asarray(devices), ("members",))
+    sharding = NamedSharding(mesh, PartitionSpec("members"))
+
+    def put(a):
+        if not is_concrete(a):
+            return jax.lax.with_sharding_constraint(a, sharding)
+        host = np.asarray(a)
+        # Each process supplies the shards on its own devices (multi-host as one host).
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree_util.tree_map(put, members)
+
+
+def _gathered(tree):
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def sweep(
+    build,
+    grid,
+    *,
+    dt,
+    steps: int,
+    method="euler",
+    save_every: int | None = None,
+    t0=0.0,
+    args=None,
+    drift_tol: float | None = DRIFT_TOL,
+    start_tol: float | None = START_TOL,
+    layout: str = "auto",
+    unroll: int | str = "auto",
+    chunk_size: int | None = None,
+    devices=None,
+    progress: bool | str = False,
+    checkpoint: bool = True,
+) -> SweepResult:
+    """Run one method over every member of a grid of parameters, gains and initial states.
+
+    Each member is one run of `geomjax.integrate`: `build(**member)` returns the member's
+    vector field (or step) and initial state, and the run has its own status (its start
+    checked against the constraint set, every step for a failed solve or a non-finite
+    state, every save for drift of the monitored constraints and first integrals). A
+    failed member freezes and reports the step and the cause; the others are unaffected.
+
+    All members advance together in one compiled loop (the driver of `integrate` on a
+    batch): `B` members of `n` scalars each are laid out either batch-major, (B, n), or
+    component-major, (n, B), where every scalar of the state is a contiguous vector over
+    the members and the derived field's scalar operations are vector operations (the
+    GPU layout).
+
+    **Arguments:**
+
+    - `build`: `build(**member) ↦ (field_or_step, x0)`, called with one value per swept
+      name (traced: under `vmap`, so it must be a JAX function of them).
+    - `grid`: the members, `geomjax.product(...)` of axes and `geomjax.zipped(...)`
+      groups, or a dict `{name: values}` (their product).
+    - `dt`, `steps`, `method`, `t0`, `args`, `drift_tol`, `start_tol`, `checkpoint`: as in
+      `geomjax.integrate` (shared by all members).
+    - `save_every`: save every this many steps (default: only the final state).
+    - `layout`: `"batch"`, `"component"` or `"auto"` (component-major on a GPU,
+      batch-major on the CPU, as measured fastest there).
+    - `unroll`: steps per iteration of the compiled loop (`"auto"`: 8 on a GPU, 1 on the CPU).
+    - `chunk_size`: members per compiled chunk (default all, up to 2²⁰); the last chunk is
+      padded to the same size so that every chunk reuses one compilation.
+    - `devices`: a device, a platform name or a list of devices; with several, each chunk
+      is sharded over them (`jax.sharding`, one mesh axis `"members"`), also across hosts
+      after `jax.distributed.initialize()`. Default: JAX's default device.
+    - `progress`: show a progress bar over chunks and steps.
+
+    **Returns:**
+
+    A `geomjax.SweepResult`: `xs` (`grid.shape + (saves, n)`), `ts`, `status`,
+    `failed_step`, `invariant_error`, `constraint_error`, with `heatmap`, `summary` and
+    `save`.
+
+    Example:
+
+    ```python
+    >>> import numpy as np, geomjax
+    >>> def member(g, gain):
+    ...     model = geomjax.models.spherical_pendulum(g=g)
+    ...     return geomjax.feedback_field(model.system, model.x0, gains=gain), model.x0
+    >>> grid = geomjax.product(g=[1.0, 9.81], gain=[10.0, 100.0, 1e4])
+    >>> result = geomjax.sweep(member, grid, dt=1e-3, steps=500)
+    >>> result.status.shape, result.summary()
+    ((2, 3), '4 of 6 members succeeded; 2 diverged')
+
+    ```
+    """
+    steps = _as_count(steps, "steps")
+    save_every = steps if save_every is None else _as_count(save_every, "save_every")
+    check_positive_step(dt, steps, save_every)
+    grid = as_grid(grid)
+    devices = _as_devices(devices)
+    platform = _platform(devices)
+    if layout == "auto":
+        layout = _AUTO[platform][0]
+    if layout not in _AXIS:
+        raise ValueError(f"layout must be 'batch', 'component' or 'auto', got {layout!r}")
+    if unroll == "auto":
+        unroll = _AUTO[platform][1]
+    unroll = _as_count(unroll, "unroll")
+    if chunk_size is None:
+        chunk_size = min(grid.size, DEFAULT_CHUNK)
+    chunk_size = min(_as_count(chunk_size, "chunk_size"), grid.size)
+    n_devices = 1 if devices is None else len(devices)
+    chunk_size = n_devices * math.ceil(chunk_size / n_devices)
+    if platform == "gpu" and grid.size < _GPU_MIN_MEMBERS:
+        warnings.warn(
+            f"a sweep of {grid.size} members on a GPU: a GPU step costs about 7 µs whatever the "
+            "batch (one kernel launch per loop iteration), so below a few thousand members the "
+            "CPU is faster; pass devices='cpu'",
+            stacklevel=2,
+        )
+
+    # One member built eagerly: structural errors (a wrong build, a bad method, a state of
+    # the wrong shape or dtype) are raised here, in words, before anything compiles.
+    first = {name: v[0] for name, v in grid.take(np.array([0])).items()}
+    target0, x00 = _split_build(build(**first))
+    target0, is_step = _target(target0, method)
+    if not is_step and not isinstance(method, str):
+        raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
+    x00 = as_state(x00, target0.dim, "x0 of the first member")
+    if not is_step:
+        build_step(method, target0)
+    dt = _as_scalar(dt, jnp.float64)
+    t0 = _as_scalar(t0, jnp.float64)
+
+    axis = _AXIS[layout]
+    pieces = []
+    starts = list(range(0, grid.size, chunk_size))
+    for c, start in enumerate(starts):
+        index = np.arange(start, start + chunk_size)
+        index = np.minimum(index, grid.size - 1)  # the last chunk padded with its last member
+        members = _placed(grid.take(index), devices, chunk_size)
+        batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size), build, members)
+        label = progress
+        if progress and len(starts) > 1:
+            label = f"{progress if isinstance(progress, str) else 'sweep'} (chunk {c + 1}/{len(starts)})"
+        sol = _run_fixed(
+            batched, x0, dt, t0, args, steps, save_every, checkpoint, label, None if start_tol is None else start_tol,
+            drift_tol, unroll,
+        )
+        inv_err, res_err = compiled_call(_errors, (), batched, sol.xs)
+        pieces.append(_gathered((sol.xs, sol.status, sol.failed_step, sol.num_steps, inv_err, res_err)))
+    return SweepResult.from_chunks(
+        grid, pieces, sol.ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
+        layout=layout, unroll=unroll, build=build, drift_tol=drift_tol, start_tol=start_tol, devices=n_devices,
+    )

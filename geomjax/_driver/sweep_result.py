@@ -1,0 +1,248 @@
+"""What a sweep returns: per-member arrays shaped like its grid, their summary, heat maps,
+and saving with the sweep's definition."""
+
+import json
+import sys
+from collections import Counter
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._status import RESULTS, from_code, status_names
+from .grid import Grid
+
+_ARRAYS = ("ts", "xs", "status", "failed_step", "num_steps", "invariant_error", "constraint_error")
+
+
+def _describe_build(build) -> str:
+    module = getattr(build, "__module__", None) or ""
+    name = getattr(build, "__qualname__", None) or type(build).__name__
+    return f"{module}.{name}" if module else name
+
+
+def _member_major(a, size, shape, member_axis):
+    """Chunks' (…, B, …) arrays → grid.shape + the rest, members first, padding dropped."""
+    a = jnp.moveaxis(a, member_axis, 0)[:size]
+    return a.reshape(shape + a.shape[1:])
+
+
+class SweepResult(eqx.Module):
+    """The runs of a `geomjax.sweep`, one entry per member of its grid.
+
+    **Fields** (`G` = `grid.shape`):
+
+    - `grid`: the swept values (`geomjax.Grid`).
+    - `ts`: save times `(saves,)`, the initial time included.
+    - `xs`: saved flat states, `G + (saves, n)`; NaN after a member's failure.
+    - `status`: integer `geomjax.RESULTS` codes, `G` (0: succeeded).
+    - `failed_step`: first failed step, `G` (−1: none; 0: a bad start).
+    - `num_steps`: steps completed before a failure, `G`.
+    - `invariant_error`: |I(x) − I(x₀)| / (1 + |I(x₀)|) of the monitored first integrals,
+      `G + (saves, k)`.
+    - `constraint_error`: the largest |constraint residual|, `G + (saves,)`.
+    - `definition`: the sweep's definition (JSON): names, method, dt, steps, tolerances,
+      layout, and the versions it ran with.
+    """
+
+    grid: Grid
+    ts: jax.Array
+    xs: jax.Array
+    status: jax.Array
+    failed_step: jax.Array
+    num_steps: jax.Array
+    invariant_error: jax.Array
+    constraint_error: jax.Array
+    definition: str = eqx.field(static=True)
+
+    @classmethod
+    def from_chunks(cls, grid: Grid, pieces, ts, **definition):
+        """Assemble per-chunk outputs `(xs, status, failed_step, num_steps, inv_err, res_err)`
+        laid out members-last, as the batched driver returns them."""
+        cat = lambda i, axis: jnp.concatenate([p[i] for p in pieces], axis=axis)
+        size, shape = grid.size, grid.shape
+        xs = _member_major(cat(0, 2), size, shape, 2)
+        status, failed, steps = (_member_major(cat(i, 0), size, shape, 0) for i in (1, 2, 3))
+        inv = _member_major(cat(4, 2), size, shape, 2)
+        res = _member_major(cat(5, 1), size, shape, 1)
+        return cls(grid, ts, xs, status, failed, steps, inv, res, _definition_json(grid, definition))
+
+    @property
+    def final(self):
+        """The final states, `G + (n,)` (NaN for members that failed)."""
+        return self.xs[..., -1, :]
+
+    @property
+    def ok(self):
+        """True for members that succeeded, `G`."""
+        return self.status == 0
+
+    @property
+    def max_invariant_error(self):
+        """The largest invariant drift of each member over its saves, `G` (NaN when it failed)."""
+        err = self.invariant_error
+        if err.shape[-1] == 0:
+            return jnp.zeros(err.shape[:-2], err.dtype)
+        return jnp.max(err, axis=(-2, -1))
+
+    def result(self, *index):
+        """The `geomjax.RESULTS` item of the member at grid position `index`."""
+        return from_code(self.status[index])
+
+    def message(self, *index) -> str:
+        """In words, how the member at grid position `index` ended."""
+        code = int(np.asarray(self.status[index]))
+        if code == 0:
+            return "success"
+        step = int(np.asarray(self.failed_step[index]))
+        where = "at the start (step 0)" if step == 0 else f"at step {step}"
+        return f"failed {where}: {RESULTS[from_code(code)]}"
+
+    def summary(self) -> str:
+        """How many members succeeded, and how the others failed (by cause)."""
+        codes = np.asarray(self.status).reshape(-1)
+        names = status_names()
+        counts = Counter(names[int(c)] for c in codes if c != 0)
+        text = f"{int(np.sum(codes == 0))} of {codes.size} members succeeded"
+        if counts:
+            text += "; " + ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.most_common())
+        return text
+
+    def save(self, path) -> None:
+        """Write `path.npz` (the arrays and the swept values) and `path.json` (the definition)."""
+        path = str(path)
+        base = path[:-4] if path.endswith(".npz") else path
+        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAYS}
+        for a, axis in enumerate(self.grid.axes):
+            for name, values in axis.items():
+                arrays[f"grid/{a}/{name}"] = np.asarray(values)
+        np.savez(base + ".npz", **arrays)
+        with open(base + ".json", "w") as f:
+            f.write(self.definition)
+
+    @classmethod
+    def load(cls, path) -> "SweepResult":
+        """Read a result written by `save`."""
+        path = str(path)
+        base = path[:-4] if path.endswith(".npz") or path.endswith(".json") else path
+        base = base[:-1] if base.endswith(".") else base
+        with np.load(base + ".npz") as data:
+            arrays = {k: data[k] for k in data.files}
+        with open(base + ".json") as f:
+            definition = f.read()
+        axes = {}
+        for key in [k for k in arrays if k.startswith("grid/")]:
+            _, a, name = key.split("/", 2)
+            axes.setdefault(int(a), {})[name] = arrays.pop(key)
+        grid = Grid(tuple(axes[a] for a in sorted(axes)))
+        return cls(grid, *(jnp.asarray(arrays[name]) for name in _ARRAYS), definition)
+
+    def heatmap(self, quantity="invariant_error", x: str | None = None, y: str | None = None, ax=None):
+        """A heat map of `quantity` over two swept names (other axes: the worst member).
+
+        `quantity`: `"invariant_error"` or `"constraint_error"` (largest over the saves,
+        log₁₀ scale), `"status"` (the cause of failure per member), or an array shaped
+        `grid.shape`. `x`, `y`: swept names (default: the first names of the last two
+        axes). Returns the matplotlib `Axes`.
+        """
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import BoundaryNorm, ListedColormap
+
+        names = [next(iter(a)) for a in self.grid.axes]
+        if x is None:
+            x = names[-1]
+        if y is None:
+            y = names[-2] if len(names) > 1 else None
+        if y is None:
+            raise ValueError("a heat map needs two swept axes; this grid has one")
+        ax_x, ax_y = self.grid.axis_of(x), self.grid.axis_of(y)
+        if ax_x == ax_y:
+            raise ValueError(f"{x!r} and {y!r} vary along the same axis of the grid")
+        values, label, is_status = _quantity(self, quantity)
+        others = tuple(a for a in range(values.ndim) if a not in (ax_x, ax_y))
+        if others:
+            values = np.max(values, axis=others)  # the worst member (a status: any failure)
+        if ax_y > ax_x:
+            values = values.T  # rows: y
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5.5, 4))
+        xv, yv = np.asarray(self.grid.values(x)), np.asarray(self.grid.values(y))
+        if xv.ndim != 1 or yv.ndim != 1:
+            raise ValueError("heat maps need scalar swept values on both axes")
+        if is_status:
+            names_of = status_names()
+            present = sorted(set(np.unique(values).astype(int)))
+            colours = plt.get_cmap("tab10")
+            cmap = ListedColormap([(0.85, 0.92, 0.85)] + [colours(i) for i in range(1, len(present) + 1)])
+            index = {c: i for i, c in enumerate([0] + [c for c in present if c != 0])}
+            image = np.vectorize(lambda c: index[int(c)])(values)
+            mesh = ax.pcolormesh(*_edges(xv, yv), image, cmap=cmap, norm=BoundaryNorm(np.arange(len(index) + 1) - 0.5, len(index)))
+            bar = plt.colorbar(mesh, ax=ax, ticks=list(index.values()))
+            bar.ax.set_yticklabels([names_of[c].replace("_", " ") for c in index])
+        else:
+            with np.errstate(divide="ignore"):
+                shown = np.log10(values)
+            mesh = ax.pcolormesh(*_edges(xv, yv), np.where(np.isfinite(values), shown, np.nan), cmap="viridis")
+            mesh.cmap.set_bad((0.8, 0.2, 0.2))
+            plt.colorbar(mesh, ax=ax, label=f"log10 {label} (red: failed)")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        for axis, v in (("x", xv), ("y", yv)):
+            if np.all(v > 0) and v.max() / v.min() > 50:
+                getattr(ax, f"set_{axis}scale")("log")
+        return ax
+
+
+def _quantity(result: SweepResult, quantity):
+    if isinstance(quantity, str):
+        if quantity == "status":
+            return np.asarray(result.status), "status", True
+        if quantity == "invariant_error":
+            return np.asarray(result.max_invariant_error), "max invariant drift", False
+        if quantity == "constraint_error":
+            return np.asarray(jnp.max(result.constraint_error, axis=-1)), "max constraint residual", False
+        raise ValueError(f"unknown quantity {quantity!r}: 'invariant_error', 'constraint_error', 'status' or an array")
+    values = np.asarray(quantity)
+    if values.shape != result.grid.shape:
+        raise ValueError(f"an array to plot must have the grid's shape {result.grid.shape}, got {values.shape}")
+    return values, "value", False
+
+
+def _edges(xv, yv):
+    def edges(v):
+        if v.size == 1:
+            return np.array([v[0] - 0.5, v[0] + 0.5])
+        log = np.all(v > 0) and v.max() / v.min() > 50
+        w = np.log(v) if log else v
+        mid = (w[1:] + w[:-1]) / 2
+        e = np.concatenate([[w[0] - (mid[0] - w[0])], mid, [w[-1] + (w[-1] - mid[-1])]])
+        return np.exp(e) if log else e
+
+    return edges(xv), edges(yv)
+
+
+def _definition_json(grid: Grid, definition: dict) -> str:
+    import geomjax
+
+    out = {
+        "swept": [{name: np.asarray(v).tolist() if np.asarray(v).size <= 4096 else f"array{np.shape(v)}" for name, v in axis.items()} for axis in grid.axes]
+        if all(not isinstance(v, jax.core.Tracer) for a in grid.axes for v in a.values())
+        else [list(a) for a in grid.axes],
+        "grid_shape": list(grid.shape),
+    }
+    for key, value in definition.items():
+        if key == "build":
+            value = _describe_build(value)
+        elif key == "method":
+            value = value if isinstance(value, str) else type(value).__name__
+        elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
+            value = float(value) if not isinstance(value, jax.core.Tracer) else "traced"
+        out[key] = value
+    out["versions"] = {
+        "geomjax": geomjax.__version__,
+        "jax": jax.__version__,
+        "python": sys.version.split()[0],
+        "backend": jax.default_backend(),
+    }
+    return json.dumps(out, indent=1)
