@@ -194,3 +194,44 @@ def batch_members(make, members: dict, axis: int, size: int):
     elif axis == 0:
         x0 = x0.T
     return BatchedStep(step, step_axes, axis, size), x0
+
+
+def holds_member_values(tree, depth: int = 8) -> bool:
+    """True when the non-array parts of `tree` (functions and what they close over) hold a
+    traced value, e.g. a swept parameter captured by a user's lambda (a value traced outside
+    the sweep counts too: the caller then builds and runs each member in one trace)."""
+    seen = set()
+
+    def visit(obj, d):
+        if isinstance(obj, jax.core.Tracer):
+            return True
+        if d == 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, complex, type)) or obj is None:
+            return False
+        seen.add(id(obj))
+        children = []
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            children = list(obj)
+        elif isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, eqx.Module) or isinstance(obj, jax.tree_util.Partial):
+            children = jax.tree_util.tree_leaves(obj)
+            children += [getattr(obj, "func", None)] if isinstance(obj, jax.tree_util.Partial) else []
+        elif hasattr(obj, "__func__") and hasattr(obj, "__self__"):  # a bound method
+            children = [obj.__func__, obj.__self__]
+        elif callable(obj):
+            cells = getattr(obj, "__closure__", None) or ()
+            children = [c.cell_contents for c in cells if _filled(c)]
+            children += list(getattr(obj, "__defaults__", None) or ())
+            children += list((getattr(obj, "__kwdefaults__", None) or {}).values())
+            children += [getattr(obj, a) for a in ("func", "args", "keywords") if hasattr(obj, a)]  # functools.partial
+        return any(visit(c, d - 1) for c in children)
+
+    return visit(tree, depth)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True

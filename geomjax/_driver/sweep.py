@@ -18,10 +18,10 @@ import numpy as np
 from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
 from .._validate import as_state, check_positive_step, is_concrete
-from .batched import BatchedStep, batch_members
+from .batched import batch_members, holds_member_values
 from .common import compiled_call
 from .grid import as_grid
-from .integrate import _as_count, _as_scalar, _run_fixed, _target
+from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run
 from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.
@@ -64,8 +64,8 @@ def _split_build(out):
     return out
 
 
-def _batch(build, members, method, is_step, axis, size):
-    """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
+def _maker(build, method, is_step):
+    """member values ↦ (that member's step, its x0)."""
 
     def make(member):
         target, x0 = _split_build(build(**member))
@@ -73,16 +73,45 @@ def _batch(build, members, method, is_step, axis, size):
         target = target if is_step else build_step(method, target)
         return target, jnp.asarray(x0, jnp.float64)
 
-    return batch_members(make, members, axis, size)
+    return make
 
 
-def _errors(step: BatchedStep, xs):
-    """Relative drift of the monitored invariants, (saves, k, B), and the largest
-    constraint residual, (saves, B), at the saved states `xs` (saves, n, B)."""
+def _batch(build, members, method, is_step, axis, size):
+    """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
+    step, x0 = batch_members(_maker(build, method, is_step), members, axis, size)
+    if holds_member_values(eqx.filter(step, eqx.is_array, inverse=True)):
+        raise _ClosesOverMember
+    return step, x0
+
+
+class _ClosesOverMember(Exception):
+    """`build` returned functions that close over a member's values (e.g. a lambda using a
+    swept parameter): they cannot leave the `vmap` that built them."""
+
+
+def _runs_in_vmap(build, members, dt, t0, args, method, is_step, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
+    """Each member built and run inside one `vmap` (batch-major): what works when `build`
+    closes over the member's values. Outputs laid out members-last, as `_batch`'s run."""
+    make = _maker(build, method, is_step)
+
+    def one(member):
+        target, x0 = make(member)
+        sol = _whole_run(target, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll)
+        return sol, _errors(target, sol.xs)
+
+    sol, (inv_err, res_err) = jax.vmap(one)(members)
+    last = lambda a: jnp.moveaxis(a, 0, -1)
+    return sol.ts[0], last(sol.xs), sol.status, sol.failed_step, sol.num_steps, last(inv_err), last(res_err)
+
+
+def _errors(step, xs):
+    """Relative drift of the monitored invariants, (saves, k, …), and the largest
+    constraint residual, (saves, …), at the saved states `xs` (saves, n, …): for one run,
+    or for a `BatchedStep` (… = B)."""
     inv = jax.vmap(step.invariants)(xs)
     res = jax.vmap(step.constraint_residuals)(xs)
     inv_err = jnp.abs(inv - inv[:1]) / (1.0 + jnp.abs(inv[:1]))
-    res_err = jnp.max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros((xs.shape[0], xs.shape[2]), xs.dtype)
+    res_err = jnp.max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(xs.shape[:1] + xs.shape[2:], xs.dtype)
     return inv_err, res_err
 
 
@@ -215,7 +244,14 @@ def sweep(
     # One member built eagerly: structural errors (a wrong build, a bad method, a state of
     # the wrong shape or dtype) are raised here, in words, before anything compiles.
     first = {name: v[0] for name, v in grid.take(np.array([0])).items()}
-    target0, x00 = _split_build(build(**first))
+    try:
+        built = build(**first)
+    except TypeError as err:
+        raise TypeError(
+            f"build could not be called with the swept names {list(grid.names)} as keywords "
+            f"(build(**member)): {err}"
+        ) from err
+    target0, x00 = _split_build(built)
     target0, is_step = _target(target0, method)
     if not is_step and not isinstance(method, str):
         raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
@@ -232,17 +268,32 @@ def sweep(
         index = np.arange(start, start + chunk_size)
         index = np.minimum(index, grid.size - 1)  # the last chunk padded with its last member
         members = _placed(grid.take(index), devices, chunk_size)
-        batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size), build, members)
         label = progress
         if progress and len(starts) > 1:
             label = f"{progress if isinstance(progress, str) else 'sweep'} (chunk {c + 1}/{len(starts)})"
+        try:
+            batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size), build, members)
+        except _ClosesOverMember:
+            if layout == "component":
+                warnings.warn(
+                    "build returns functions that close over swept values (a lambda or inner "
+                    "function using a swept name): they cannot leave the vmap that built them, so "
+                    "this sweep runs batch-major, each member built and run inside one vmap. For the "
+                    "component-major layout pass swept values as pytree leaves: "
+                    "jax.tree_util.Partial(f, value) or a field of an equinox Module",
+                    stacklevel=2,
+                )
+            options = (method, is_step, steps // save_every, save_every, checkpoint, start_tol, drift_tol, unroll)
+            ts, *piece = compiled_call(_runs_in_vmap, options, build, members, dt, t0, args)
+            pieces.append(_gathered(tuple(piece)))
+            continue
         sol = _run_fixed(
-            batched, x0, dt, t0, args, steps, save_every, checkpoint, label, None if start_tol is None else start_tol,
-            drift_tol, unroll,
+            batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll
         )
         inv_err, res_err = compiled_call(_errors, (), batched, sol.xs)
+        ts = sol.ts
         pieces.append(_gathered((sol.xs, sol.status, sol.failed_step, sol.num_steps, inv_err, res_err)))
     return SweepResult.from_chunks(
-        grid, pieces, sol.ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
+        grid, pieces, ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
         layout=layout, unroll=unroll, build=build, drift_tol=drift_tol, start_tol=start_tol, devices=n_devices,
     )

@@ -183,8 +183,8 @@ class SweepResult(eqx.Module):
         else:
             with np.errstate(divide="ignore"):
                 shown = np.log10(values)
-            mesh = ax.pcolormesh(*_edges(xv, yv), np.where(np.isfinite(values), shown, np.nan), cmap="viridis")
-            mesh.cmap.set_bad((0.8, 0.2, 0.2))
+            cmap = plt.get_cmap("viridis").with_extremes(bad=(0.8, 0.2, 0.2))
+            mesh = ax.pcolormesh(*_edges(xv, yv), np.where(np.isfinite(values), shown, np.nan), cmap=cmap)
             plt.colorbar(mesh, ax=ax, label=f"log10 {label} (red: failed)")
         ax.set_xlabel(x)
         ax.set_ylabel(y)
