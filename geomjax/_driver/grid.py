@@ -34,6 +34,16 @@ class Grid(eqx.Module):
     its values (leading dimension: the axis length). A member is one index per axis; its
     values are `{name: values[index]}` for every name. Members are numbered in C order
     (the last axis fastest), and results come back shaped `grid.shape + (...)`.
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> grid = geomjax.product(g=[1.0, 9.81], gain=[10.0, 100.0, 1000.0])
+    >>> grid.shape, grid.axis_of("gain"), [float(v) for v in grid.take([4])["gain"]]
+    ((2, 3), 1, [100.0])
+
+    ```
     """
 
     axes: tuple

@@ -211,7 +211,9 @@ def sweep(
     >>> grid = geomjax.product(g=[1.0, 9.81], gain=[10.0, 100.0, 1e4])
     >>> result = geomjax.sweep(member, grid, dt=1e-3, steps=500)
     >>> result.status.shape, result.summary()
-    ((2, 3), '4 of 6 members succeeded; 2 diverged')
+    ((2, 3), '3 of 6 members succeeded; 3 diverged')
+    >>> result.message(1, 2)[:45]
+    'failed at step 8: the state became non-finite'
 
     ```
     """

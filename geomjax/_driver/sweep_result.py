@@ -44,6 +44,22 @@ class SweepResult(eqx.Module):
     - `constraint_error`: the largest |constraint residual|, `G + (saves,)`.
     - `definition`: the sweep's definition (JSON): names, method, dt, steps, tolerances,
       layout, and the versions it ran with.
+
+    Example:
+
+    ```python
+    >>> import geomjax, tempfile, os
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> member = lambda gain: (geomjax.feedback_field(model.system, model.x0, gains=gain), model.x0)
+    >>> result = geomjax.sweep(member, geomjax.zipped(gain=[1.0, 10.0]), dt=1e-3, steps=100, save_every=50)
+    >>> result.xs.shape, result.invariant_error.shape, bool(result.ok.all())
+    ((2, 3, 6), (2, 3, 4), True)
+    >>> path = os.path.join(tempfile.mkdtemp(), "gains")
+    >>> result.save(path)
+    >>> geomjax.SweepResult.load(path).summary()
+    '2 of 2 members succeeded'
+
+    ```
     """
 
     grid: Grid
