@@ -183,7 +183,9 @@ def test_failing_members_keep_their_own_status():
 
     grid = geomjax.zipped(g=[1.0, np.nan, 1.0, 2.0], x0=np.stack([x0, x0, off, x0]))
     result = geomjax.sweep(member, grid, dt=0.01, steps=20, method="rk4")
-    assert [geomjax.RESULTS[result.result(i)] == geomjax.RESULTS[r] for i, r in enumerate([R.successful, R.nonfinite_first_step, R.off_constraint_set, R.successful])] == [True] * 4
+    expected = [R.successful, R.nonfinite_first_step, R.off_constraint_set, R.successful]
+    assert [bool(np.asarray(result.result == r)[i]) for i, r in enumerate(expected)] == [True] * 4
+    np.testing.assert_array_equal(np.asarray(result.result == R.successful), [True, False, False, True])
     np.testing.assert_array_equal(np.asarray(result.failed_step), [-1, 1, 0, -1])
     alone = geomjax.integrate(*member(2.0, x0), dt=0.01, steps=20, method="rk4")
     np.testing.assert_allclose(np.asarray(result.final[3]), np.asarray(alone.xs[-1]), atol=1e-14)

@@ -58,6 +58,12 @@ def compiled_call(program, options: tuple, *trees):
 
 
 
+def nan_max(x, axis):
+    """`jnp.max` that is NaN wherever a reduced entry is NaN. (XLA's CPU reduction drops
+    NaNs in reductions of a few thousand entries: JAX 0.10.2 gives max([0, NaN, …]) = 0.)"""
+    return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.nan, jnp.max(x, axis=axis))
+
+
 def code_of(member) -> int:
     return int(member._value)
 
@@ -110,7 +116,7 @@ def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
     if start_tol is not None:
         res = target.constraint_residuals(x0)
         if res.shape[0]:
-            off = ~(jnp.max(jnp.abs(res), axis=0) <= start_tol * scale)
+            off = ~(nan_max(jnp.abs(res), axis=0) <= start_tol * scale)
             code = jnp.where(code == OK, jnp.where(off, code_of(RESULTS.off_constraint_set), OK), code)
     code = jnp.asarray(code, jnp.int64)
     record = jnp.stack([jnp.zeros_like(code), jnp.where(code == OK, -1, 0), code])

@@ -19,17 +19,17 @@ from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
 from .._validate import as_state, check_positive_step, is_concrete
 from .batched import batch_members, holds_member_values
-from .common import compiled_call
+from .common import compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run
 from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.
 DEFAULT_CHUNK = 1 << 20
-# Layout and steps per loop iteration per backend, as measured by
-# benchmarks/sweep_throughput.py: on an H100 component-major with 8 steps per iteration
-# is 12–20× the batch-major loop (DESIGN.md); on the CPU (2 cores) batch-major with one
-# step per iteration is fastest.
+# Layout and steps per loop iteration per backend. On an H100 (float64), component-major
+# with 8 steps per iteration ran the spherical-pendulum feedback Euler 12–20× faster than
+# batch-major with one (the project's design notes, shared/DESIGN.md); on the CPU (2 cores)
+# batch-major with one step per iteration is fastest (benchmarks/sweep_throughput.py).
 _AUTO = {"cpu": ("batch", 1), "gpu": ("component", 8)}
 # Below this many members a GPU is slower than the CPU (about 7 µs per step on a GPU
 # whatever the batch, 20–25 ns per trajectory-step on one CPU core).
@@ -111,7 +111,7 @@ def _errors(step, xs):
     inv = jax.vmap(step.invariants)(xs)
     res = jax.vmap(step.constraint_residuals)(xs)
     inv_err = jnp.abs(inv - inv[:1]) / (1.0 + jnp.abs(inv[:1]))
-    res_err = jnp.max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(xs.shape[:1] + xs.shape[2:], xs.dtype)
+    res_err = nan_max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(xs.shape[:1] + xs.shape[2:], xs.dtype)
     return inv_err, res_err
 
 
@@ -183,7 +183,8 @@ def sweep(
     - `grid`: the members, `geomjax.product(...)` of axes and `geomjax.zipped(...)`
       groups, or a dict `{name: values}` (their product).
     - `dt`, `steps`, `method`, `t0`, `args`, `drift_tol`, `start_tol`, `checkpoint`: as in
-      `geomjax.integrate` (shared by all members).
+      `geomjax.integrate`, shared by all members (they fix the compiled loop: a sweep over
+      step sizes is one sweep per step size).
     - `save_every`: save every this many steps (default: only the final state).
     - `layout`: `"batch"`, `"component"` or `"auto"` (component-major on a GPU,
       batch-major on the CPU, as measured fastest there).

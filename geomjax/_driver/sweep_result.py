@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._status import RESULTS, from_code, status_names
+from .common import nan_max
 from .grid import Grid
 
 _ARRAYS = ("ts", "xs", "status", "failed_step", "num_steps", "invariant_error", "constraint_error")
@@ -100,11 +101,13 @@ class SweepResult(eqx.Module):
         err = self.invariant_error
         if err.shape[-1] == 0:
             return jnp.zeros(err.shape[:-2], err.dtype)
-        return jnp.max(err, axis=(-2, -1))
+        return nan_max(err, axis=(-2, -1))
 
-    def result(self, *index):
-        """The `geomjax.RESULTS` item of the member at grid position `index`."""
-        return from_code(self.status[index])
+    @property
+    def result(self):
+        """The members' `geomjax.RESULTS` items, shaped `G`: compare with `==`, e.g.
+        `result.result == geomjax.RESULTS.diverged` is a boolean mask over the grid."""
+        return from_code(self.status)
 
     def message(self, *index) -> str:
         """In words, how the member at grid position `index` ended."""
@@ -159,13 +162,15 @@ class SweepResult(eqx.Module):
 
         `quantity`: `"invariant_error"` or `"constraint_error"` (largest over the saves,
         log₁₀ scale), `"status"` (the cause of failure per member), or an array shaped
-        `grid.shape`. `x`, `y`: swept names (default: the first names of the last two
-        axes). Returns the matplotlib `Axes`.
+        `grid.shape`. `x`, `y`: swept names (default: the first scalar-valued names of the
+        last two axes). Members that failed are drawn red on the error maps. Returns the
+        matplotlib `Axes`.
         """
         import matplotlib.pyplot as plt
         from matplotlib.colors import BoundaryNorm, ListedColormap
 
-        names = [next(iter(a)) for a in self.grid.axes]
+        # per axis, its first name with one number per member
+        names = [next((n for n, v in a.items() if np.ndim(v) == 1), next(iter(a))) for a in self.grid.axes]
         if x is None:
             x = names[-1]
         if y is None:
@@ -176,11 +181,13 @@ class SweepResult(eqx.Module):
         if ax_x == ax_y:
             raise ValueError(f"{x!r} and {y!r} vary along the same axis of the grid")
         values, label, is_status = _quantity(self, quantity)
+        failed = np.asarray(self.status) != 0
         others = tuple(a for a in range(values.ndim) if a not in (ax_x, ax_y))
         if others:
             values = np.max(values, axis=others)  # the worst member (a status: any failure)
+            failed = np.any(failed, axis=others)
         if ax_y > ax_x:
-            values = values.T  # rows: y
+            values, failed = values.T, failed.T  # rows: y
         if ax is None:
             _, ax = plt.subplots(figsize=(5.5, 4))
         xv, yv = np.asarray(self.grid.values(x)), np.asarray(self.grid.values(y))
@@ -197,10 +204,12 @@ class SweepResult(eqx.Module):
             bar = plt.colorbar(mesh, ax=ax, ticks=list(index.values()))
             bar.ax.set_yticklabels([names_of[c].replace("_", " ") for c in index])
         else:
-            with np.errstate(divide="ignore"):
-                shown = np.log10(values)
+            finite = values[np.isfinite(values) & (values > 0)]
+            floor = finite.min() if finite.size else 1e-16
+            with np.errstate(divide="ignore", invalid="ignore"):
+                shown = np.log10(np.maximum(values, floor))  # exact zeros shown at the smallest value
             cmap = plt.get_cmap("viridis").with_extremes(bad=(0.8, 0.2, 0.2))
-            mesh = ax.pcolormesh(*_edges(xv, yv), np.where(np.isfinite(values), shown, np.nan), cmap=cmap)
+            mesh = ax.pcolormesh(*_edges(xv, yv), np.where(failed, np.nan, shown), cmap=cmap)
             plt.colorbar(mesh, ax=ax, label=f"log10 {label} (red: failed)")
         ax.set_xlabel(x)
         ax.set_ylabel(y)
@@ -217,7 +226,7 @@ def _quantity(result: SweepResult, quantity):
         if quantity == "invariant_error":
             return np.asarray(result.max_invariant_error), "max invariant drift", False
         if quantity == "constraint_error":
-            return np.asarray(jnp.max(result.constraint_error, axis=-1)), "max constraint residual", False
+            return np.asarray(nan_max(result.constraint_error, axis=-1)), "max constraint residual", False
         raise ValueError(f"unknown quantity {quantity!r}: 'invariant_error', 'constraint_error', 'status' or an array")
     values = np.asarray(quantity)
     if values.shape != result.grid.shape:
