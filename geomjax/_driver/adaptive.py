@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from .._field.base import AbstractField
 from .._status import RESULTS
-from .common import FAILED_STEP, OK, STATUS, begin, code_of, compiled_call, solution_from_record
+from .common import OK, STATUS, begin, code_of, compiled_call, solution_from_record
 from .flagged import flag_failed
 
 class _RejectNonFinite(diffrax.PIDController):

@@ -87,13 +87,16 @@ class BatchedStep(AbstractStep):
     `step_axes`: for each array leaf of `step` (flattening order), the member axis or None
     (shared). The flat state at the boundary is (n, B); `invariants` and
     `constraint_residuals` are (k, B). Times and step sizes are shared scalars or
-    per-member vectors (B,).
+    per-member vectors (B,). `loop`: how the driver runs a save block, `"scan"` (a
+    `lax.scan`) or `"pallas"` (one Pallas kernel, `pallas_loop.py`: needs `axis=-1`; a step
+    whose status is not a constant runs the scan).
     """
 
     step: AbstractStep
     step_axes: tuple = eqx.field(static=True)
     axis: int = eqx.field(static=True)
     size: int = eqx.field(static=True)
+    loop: str = eqx.field(static=True, default="scan")
 
     def _vmap(self, fn, args, arg_axes, out_axes):
         """`fn(step, *args)` over the members: `arg_axes` per argument (an int, or None
@@ -133,7 +136,7 @@ class BatchedStep(AbstractStep):
         inner, axes = vmap_keep_shared(
             lambda s, z: s.at_start(z), (self.step, z0), list(self.step_axes) + z_axes, self.size, self.axis
         )
-        return BatchedStep(inner, axes, self.axis, self.size)
+        return BatchedStep(inner, axes, self.axis, self.size, self.loop)
 
     def start(self, t0, z0, h, args):
         fn = lambda s, t, w, dt: s.start(t, w, dt, args)
@@ -181,10 +184,10 @@ def _axis_of(x):
     return 0 if jnp.ndim(x) == 1 else None
 
 
-def batch_members(make, members: dict, axis: int, size: int):
+def batch_members(make, members: dict, axis: int, size: int, loop: str = "scan"):
     """`make(member) ↦ (step, x0)` over the members (`{name: values}`, members along axis
-    0): a `BatchedStep` (what depends on the member along `axis`, the rest shared) and the
-    initial states as (n, B)."""
+    0): a `BatchedStep` (what depends on the member along `axis`, the rest shared, its
+    blocks run by `loop`) and the initial states as (n, B)."""
     (step, x0), axes = vmap_keep_shared(
         lambda m: make(m), (members,), [0] * len(jax.tree_util.tree_leaves(members)), size, axis
     )
@@ -193,7 +196,7 @@ def batch_members(make, members: dict, axis: int, size: int):
         x0 = jnp.broadcast_to(x0[:, None], (x0.shape[0], size))
     elif axis == 0:
         x0 = x0.T
-    return BatchedStep(step, step_axes, axis, size), x0
+    return BatchedStep(step, step_axes, axis, size, loop), x0
 
 
 def holds_member_values(tree, depth: int = 8) -> bool:

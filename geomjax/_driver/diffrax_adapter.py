@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import diffrax
-import jax.numpy as jnp
 
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep

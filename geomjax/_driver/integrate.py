@@ -31,9 +31,10 @@ from jax import lax
 
 from .._field.base import AbstractField, TimeField, as_field
 from .._step.methods import build_step
-from .._monitored import DRIFT_TOL, START_TOL, AbstractMonitored, check_on_constraint_set
+from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
 from .common import FAILED_STEP, OK, STATUS, STEPS, Monitor, begin, code_of, compiled_call, solution_from_record
 from .flagged import flag_failed
+from .pallas_loop import constant_status, pallas_steps
 from .solution import IntegrationError, Solution
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
@@ -125,8 +126,13 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
             return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
-        (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block, unroll=unroll)
-        mark = mark + finite_mark(z_end)
+        if getattr(step, "loop", "scan") == "pallas" and constant_status(step, t0, z, dt, args):
+            # The same scan as one Pallas kernel (`pallas_loop.py`); `ok` stays all true.
+            z_end, mark = pallas_steps(step, dt, t0, args, block, k0, z)
+            ok = init[3]
+        else:
+            (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block, unroll=unroll)
+            mark = mark + finite_mark(z_end)
         failed_before = record[STATUS] != OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
         # After an earlier failure the state stays where it was and only the count moves.

@@ -22,6 +22,7 @@ from .batched import batch_members, holds_member_values
 from .common import compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run
+from .pallas_loop import check_pallas_loop
 from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.
@@ -76,9 +77,9 @@ def _maker(build, method, is_step):
     return make
 
 
-def _batch(build, members, method, is_step, axis, size):
+def _batch(build, members, method, is_step, axis, size, loop="scan"):
     """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
-    step, x0 = batch_members(_maker(build, method, is_step), members, axis, size)
+    step, x0 = batch_members(_maker(build, method, is_step), members, axis, size, loop)
     if holds_member_values(eqx.filter(step, eqx.is_array, inverse=True)):
         raise _ClosesOverMember
     return step, x0
@@ -161,6 +162,7 @@ def sweep(
     devices=None,
     progress: bool | str = False,
     checkpoint: bool = True,
+    loop: str = "scan",
 ) -> SweepResult:
     """Run one method over every member of a grid of parameters, gains and initial states.
 
@@ -195,6 +197,15 @@ def sweep(
       is sharded over them (`jax.sharding`, one mesh axis `"members"`), also across hosts
       after `jax.distributed.initialize()`. Default: JAX's default device.
     - `progress`: show a progress bar over chunks and steps.
+    - `loop`: how each save block of steps runs: `"scan"` (a `lax.scan`), or `"pallas"`:
+      one Pallas kernel per block that keeps every member's state in registers over all
+      its steps (compiled on a GPU, interpreted elsewhere: slow on the CPU, for testing).
+      Needs the component-major layout (`"auto"` then means `"component"`) and an
+      explicit method (`"euler"`, `"heun"`, `"midpoint"`, `"rk3"`, `"rk4"`, or a step
+      whose status is a constant); other cases raise a `ValueError`. Statuses and failed
+      steps are those of `"scan"` (a failed block is recomputed step by step as there);
+      blocks of one or two steps (`save_every` ≤ 2) run the checked loop either way, and
+      `unroll` applies to the scan only.
 
     **Returns:**
 
@@ -224,8 +235,10 @@ def sweep(
     grid = as_grid(grid)
     devices = _as_devices(devices)
     platform = _platform(devices)
+    if loop not in ("scan", "pallas"):
+        raise ValueError(f"loop must be 'scan' or 'pallas', got {loop!r}")
     if layout == "auto":
-        layout = _AUTO[platform][0]
+        layout = "component" if loop == "pallas" else _AUTO[platform][0]
     if layout not in _AXIS:
         raise ValueError(f"layout must be 'batch', 'component' or 'auto', got {layout!r}")
     if unroll == "auto":
@@ -259,10 +272,11 @@ def sweep(
     if not is_step and not isinstance(method, str):
         raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
     x00 = as_state(x00, target0.dim, "x0 of the first member")
-    if not is_step:
-        build_step(method, target0)
+    step0 = target0 if is_step else build_step(method, target0)
     dt = _as_scalar(dt, jnp.float64)
     t0 = _as_scalar(t0, jnp.float64)
+    if loop == "pallas":
+        check_pallas_loop(step0, x00, dt, t0, args, layout)
 
     axis = _AXIS[layout]
     pieces = []
@@ -275,8 +289,15 @@ def sweep(
         if progress and len(starts) > 1:
             label = f"{progress if isinstance(progress, str) else 'sweep'} (chunk {c + 1}/{len(starts)})"
         try:
-            batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size), build, members)
+            batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size, loop), build, members)
         except _ClosesOverMember:
+            if loop == "pallas":
+                raise ValueError(
+                    "loop='pallas' needs the swept values as pytree leaves of the step, but build "
+                    "returns functions that close over them (a lambda or inner function using a swept "
+                    "name): pass them as jax.tree_util.Partial(f, value) or a field of an equinox "
+                    "Module, or use loop='scan'"
+                ) from None
             if layout == "component":
                 warnings.warn(
                     "build returns functions that close over swept values (a lambda or inner "
