@@ -282,3 +282,13 @@ def test_sharded_sweep_on_four_cpu_devices_equals_one_device():
     out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sharded ok" in out.stdout
+
+
+def test_multi_process_sweep_with_jax_distributed_equals_one_process():
+    """benchmarks/multihost_sweep.py: two local processes (jax.distributed, CPU collectives
+    over gloo, two devices each) give the one-process sweep's statuses and states."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "multihost_sweep.py")
+    out = subprocess.run([sys.executable, script, "--steps", "200"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "multi-process sweep equals the one-process sweep" in out.stdout
+    assert "2 processes, 4 devices" in out.stdout
