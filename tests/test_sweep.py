@@ -190,6 +190,15 @@ def test_failing_members_keep_their_own_status():
     alone = geomjax.integrate(*member(2.0, x0), dt=0.01, steps=20, method="rk4")
     np.testing.assert_allclose(np.asarray(result.final[3]), np.asarray(alone.xs[-1]), atol=1e-14)
     assert "off the constraint set" in result.message(2)
+    # a non-finite start, even of the first member, is that member's status
+    nan_first = geomjax.zipped(g=[1.0, 1.0], x0=np.stack([np.full(6, np.nan), x0]))
+    result = geomjax.sweep(member, nan_first, dt=0.01, steps=4, method="rk4")
+    np.testing.assert_array_equal(np.asarray(result.result == R.nonfinite_start), [True, False])
+    assert result.summary() == "1 of 2 members succeeded; 1 nonfinite start"
+    # also when build checks values eagerly (feedback_field rejects a NaN x0 outside jit)
+    feedback = lambda x0: (geomjax.feedback_field(PENDULUM.system, x0, gains=5.0), x0)
+    result = geomjax.sweep(feedback, geomjax.zipped(x0=np.stack([np.full(6, np.nan), x0])), dt=0.01, steps=4)
+    np.testing.assert_array_equal(np.asarray(result.result == R.nonfinite_start), [True, False])
 
 
 def test_chunks_and_progress_give_the_same_result(sweeps, capsys):

@@ -7,6 +7,7 @@ same checks, one status per member. Members are processed in chunks that fit in 
 each chunk split over the given devices.
 """
 
+import inspect
 import math
 import warnings
 
@@ -63,6 +64,24 @@ def _split_build(out):
             f"(or step) and its initial state; got {type(out).__name__}"
         )
     return out
+
+
+def _check_names(build, member, grid):
+    try:
+        inspect.signature(build).bind(**member)
+    except TypeError as err:
+        raise TypeError(
+            f"build could not be called with the swept names {list(grid.names)} as keywords "
+            f"(build(**member)): {err}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call will tell
+        pass
+
+
+def _probe_is_step(probe, member) -> bool:
+    found = []
+    eqx.filter_eval_shape(lambda m: found.append(probe(m)), member)
+    return found[0]
 
 
 def _maker(build, method, is_step):
@@ -260,23 +279,25 @@ def sweep(
     # One member built eagerly: structural errors (a wrong build, a bad method, a state of
     # the wrong shape or dtype) are raised here, in words, before anything compiles.
     first = {name: v[0] for name, v in grid.take(np.array([0])).items()}
-    try:
-        built = build(**first)
-    except TypeError as err:
-        raise TypeError(
-            f"build could not be called with the swept names {list(grid.names)} as keywords "
-            f"(build(**member)): {err}"
-        ) from err
-    target0, x00 = _split_build(built)
-    target0, is_step = _target(target0, method)
-    if not is_step and not isinstance(method, str):
-        raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
-    x00 = as_state(x00, target0.dim, "x0 of the first member")
-    step0 = target0 if is_step else build_step(method, target0)
+    _check_names(build, first, grid)
     dt = _as_scalar(dt, jnp.float64)
     t0 = _as_scalar(t0, jnp.float64)
-    if loop == "pallas":
-        check_pallas_loop(step0, x00, dt, t0, args, layout)
+
+    def probe(member):
+        # One member traced (abstract values): structural errors (a wrong build, a bad
+        # method, a state of the wrong shape or dtype) are raised here, in words, before
+        # anything compiles; value checks are left to each member's status.
+        target, x0 = _split_build(build(**member))
+        target, is_step = _target(target, method)
+        if not is_step and not isinstance(method, str):
+            raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
+        x0 = as_state(x0, target.dim, "x0 of the first member")
+        step = target if is_step else build_step(method, target)
+        if loop == "pallas":
+            check_pallas_loop(step, x0, dt, t0, args, layout)
+        return is_step
+
+    is_step = _probe_is_step(probe, first)
 
     axis = _AXIS[layout]
     pieces = []
