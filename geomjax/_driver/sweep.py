@@ -22,7 +22,7 @@ from .._validate import as_state, check_positive_step, is_concrete
 from .batched import batch_members, holds_member_values
 from .common import compiled_call, nan_max
 from .grid import as_grid
-from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run
+from .integrate import _as_count, _as_scalar, _chunks, _run_fixed, _target, _whole_run
 from .pallas_loop import check_pallas_loop
 from .sweep_result import SweepResult
 
@@ -78,9 +78,44 @@ def _check_names(build, member, grid):
         pass
 
 
-def _probe_is_step(probe, member) -> bool:
+# Probes that passed, by (build, method, loop, layout, the member's shapes and dtypes): a
+# later sweep of the same kind skips the trace (a few milliseconds, more for big systems).
+_PROBED: dict = {}
+_MAX_PROBED = 256
+
+
+# Kinds of sweep whose build closes over the member's values (they run in one vmap).
+_CLOSES_OVER_MEMBER: set = set()
+
+
+def _known(cache: set, key) -> bool:
+    try:
+        return key in cache
+    except TypeError:  # unhashable
+        return False
+
+
+def _remember(cache: set, key) -> None:
+    try:
+        if len(cache) < _MAX_PROBED:
+            cache.add(key)
+    except TypeError:
+        pass
+
+
+def _probe_is_step(probe, member, key) -> bool:
+    """Trace `probe` on one member (abstractly) once per `key`: whether build gives a step."""
+    signature = tuple((name, jnp.shape(v), jnp.result_type(v)) for name, v in member.items())
+    try:
+        key = (*key, signature)
+        if key in _PROBED:
+            return _PROBED[key]
+    except TypeError:  # an unhashable build: probed every time
+        key = None
     found = []
     eqx.filter_eval_shape(lambda m: found.append(probe(m)), member)
+    if key is not None and len(_PROBED) < _MAX_PROBED:
+        _PROBED[key] = found[0]
     return found[0]
 
 
@@ -111,7 +146,7 @@ class _ClosesOverMember(Exception):
 
 def _runs_in_vmap(build, members, dt, t0, args, method, is_step, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
     """Each member built and run inside one `vmap` (batch-major): what works when `build`
-    closes over the member's values. Outputs laid out members-last, as `_batch`'s run."""
+    closes over the member's values. Returns `(ts, outputs)` as `_chunk_outputs`."""
     make = _maker(build, method, is_step)
 
     def one(member):
@@ -120,8 +155,30 @@ def _runs_in_vmap(build, members, dt, t0, args, method, is_step, n_blocks, block
         return sol, _errors(target, sol.xs)
 
     sol, (inv_err, res_err) = jax.vmap(one)(members)
-    last = lambda a: jnp.moveaxis(a, 0, -1)
-    return sol.ts[0], last(sol.xs), sol.status, sol.failed_step, sol.num_steps, last(inv_err), last(res_err)
+    return sol.ts[0], (sol.xs, sol.status, sol.failed_step, sol.num_steps, inv_err, res_err)
+
+
+def _chunk_outputs(step, sol):
+    """The batched run's outputs member-major: `(xs, status, failed_step, num_steps,
+    invariant errors, constraint errors)`, each with the members first."""
+    inv_err, res_err = _errors(step, sol.xs)
+    first = lambda a, axis: jnp.moveaxis(a, axis, 0)
+    return first(sol.xs, 2), sol.status, sol.failed_step, sol.num_steps, first(inv_err, 2), first(res_err, 1)
+
+
+def _sweep_chunk(build, members, dt, t0, args, method, is_step, axis, size, loop, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
+    """One chunk in one compiled program: members built, run, checked and laid out."""
+    step, x0 = _batch(build, members, method, is_step, axis, size, loop)
+    sol = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll)
+    return sol.ts, _chunk_outputs(step, sol)
+
+
+def _in_one_program(steps, save_every, progress, values) -> bool:
+    """Whether a chunk runs as one compiled program: no progress bar, and not split into
+    chunks of steps by the driver (which it is only outside jit, past 2²⁰ steps)."""
+    if not is_concrete(values):
+        return True
+    return not progress and len(_chunks(steps // save_every, save_every, False)) == 1
 
 
 def _errors(step, xs):
@@ -297,7 +354,8 @@ def sweep(
             check_pallas_loop(step, x0, dt, t0, args, layout)
         return is_step
 
-    is_step = _probe_is_step(probe, first)
+    kind = (build, method, loop, layout, jax.tree_util.tree_structure(args))
+    is_step = _probe_is_step(probe, first, kind)
 
     axis = _AXIS[layout]
     pieces = []
@@ -310,8 +368,17 @@ def sweep(
         if progress and len(starts) > 1:
             label = f"{progress if isinstance(progress, str) else 'sweep'} (chunk {c + 1}/{len(starts)})"
         try:
-            batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size, loop), build, members)
+            if _known(_CLOSES_OVER_MEMBER, kind):
+                raise _ClosesOverMember
+            if _in_one_program(steps, save_every, progress, (members, dt, t0, args)):
+                options = (method, is_step, axis, chunk_size, loop, steps // save_every, save_every, checkpoint)
+                ts, piece = compiled_call(_sweep_chunk, options + (start_tol, drift_tol, unroll), build, members, dt, t0, args)
+            else:  # a long run or a progress bar: the driver's chunks of steps
+                batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size, loop), build, members)
+                sol = _run_fixed(batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll)
+                ts, piece = sol.ts, compiled_call(_chunk_outputs, (), batched, sol)
         except _ClosesOverMember:
+            _remember(_CLOSES_OVER_MEMBER, kind)
             if loop == "pallas":
                 raise ValueError(
                     "loop='pallas' needs the swept values as pytree leaves of the step, but build "
@@ -329,15 +396,8 @@ def sweep(
                     stacklevel=2,
                 )
             options = (method, is_step, steps // save_every, save_every, checkpoint, start_tol, drift_tol, unroll)
-            ts, *piece = compiled_call(_runs_in_vmap, options, build, members, dt, t0, args)
-            pieces.append(_gathered(tuple(piece)))
-            continue
-        sol = _run_fixed(
-            batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll
-        )
-        inv_err, res_err = compiled_call(_errors, (), batched, sol.xs)
-        ts = sol.ts
-        pieces.append(_gathered((sol.xs, sol.status, sol.failed_step, sol.num_steps, inv_err, res_err)))
+            ts, piece = compiled_call(_runs_in_vmap, options, build, members, dt, t0, args)
+        pieces.append(_gathered(piece))
     return SweepResult.from_chunks(
         grid, pieces, ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
         layout=layout, unroll=unroll, build=build, drift_tol=drift_tol, start_tol=start_tol, devices=n_devices,

@@ -23,12 +23,6 @@ def _describe_build(build) -> str:
     return f"{module}.{name}" if module else name
 
 
-def _member_major(a, size, shape, member_axis):
-    """Chunks' (…, B, …) arrays → grid.shape + the rest, members first, padding dropped."""
-    a = jnp.moveaxis(a, member_axis, 0)[:size]
-    return a.reshape(shape + a.shape[1:])
-
-
 class SweepResult(eqx.Module):
     """The runs of a `geomjax.sweep`, one entry per member of its grid.
 
@@ -75,15 +69,16 @@ class SweepResult(eqx.Module):
 
     @classmethod
     def from_chunks(cls, grid: Grid, pieces, ts, **definition):
-        """Assemble per-chunk outputs `(xs, status, failed_step, num_steps, inv_err, res_err)`
-        laid out members-last, as the batched driver returns them."""
-        cat = lambda i, axis: jnp.concatenate([p[i] for p in pieces], axis=axis)
+        """Assemble per-chunk outputs `(xs, status, failed_step, num_steps, inv_err, res_err)`,
+        members first, into arrays shaped like the grid (the last chunk's padding dropped)."""
         size, shape = grid.size, grid.shape
-        xs = _member_major(cat(0, 2), size, shape, 2)
-        status, failed, steps = (_member_major(cat(i, 0), size, shape, 0) for i in (1, 2, 3))
-        inv = _member_major(cat(4, 2), size, shape, 2)
-        res = _member_major(cat(5, 1), size, shape, 1)
-        return cls(grid, ts, xs, status, failed, steps, inv, res, _definition_json(grid, definition))
+
+        def assemble(i):
+            a = jnp.asarray(pieces[0][i]) if len(pieces) == 1 else jnp.concatenate([p[i] for p in pieces], axis=0)
+            a = a if a.shape[0] == size else a[:size]
+            return a.reshape(shape + a.shape[1:])
+
+        return cls(grid, ts, *(assemble(i) for i in range(6)), _definition_json(grid, definition))
 
     @property
     def final(self):
