@@ -10,7 +10,8 @@ CPU, 1e3 … 1e6 on a GPU (`jax.default_backend()`), or `--batches`.
 
 Rows (all measured in the same run; ratios are against the first row, measured here):
 
-- vmap of integrate: `jax.jit(jax.vmap(x ↦ geomjax.integrate(Y(x), x, ..., throw=False).xs[-1]))`
+- vmap of integrate: `jax.jit(jax.vmap(x ↦ geomjax.integrate(Y(x), x, ..., throw=False)))`
+  returning the final states and the per-run statuses (so the monitoring is not dead code)
   with the member's feedback field Y(x) built inside `vmap` (its targets are the member's
   own, as in the sweep); RATTLE's step is the same for every member and built once.
 - sweep: `geomjax.sweep(build, geomjax.zipped(x0=xs), ...)` with layout "batch" /
@@ -23,9 +24,7 @@ Rows (all measured in the same run; ratios are against the first row, measured h
   "batch" `vmap`s it over the rows of a (B, 6) state. No status, no checks.
 
 Under each batch size: what a sweep call costs whatever its steps (the same call with 16
-steps), the part of it that is the eager build of one member (the sweep builds its first
-member outside the compiled program, to report structural errors), and "sweep auto"'s
-throughput net of that fixed cost (the loop's own speed).
+steps), and "sweep auto"'s throughput net of that fixed cost (the loop's own speed).
 
 Problems: (1) spherical pendulum feedback field, explicit Euler (the headline); (2) the
 same field, RK4; (3) RATTLE on the holonomic spherical pendulum; (4) the knife edge's
@@ -142,7 +141,8 @@ def vmap_integrate(problem, steps):
         step = rattle_step()  # the same for every member: built once, outside vmap
 
         def one(x):
-            return geomjax.integrate(step, x, dt=DT, steps=steps, save_every=steps, throw=False).xs[-1]
+            sol = geomjax.integrate(step, x, dt=DT, steps=steps, save_every=steps, throw=False)
+            return sol.xs[-1], sol.status
     else:
 
         def one(x):
@@ -150,7 +150,7 @@ def vmap_integrate(problem, steps):
             sol = geomjax.integrate(
                 field, x, dt=DT, steps=steps, method=problem.method, save_every=steps, throw=False
             )
-            return sol.xs[-1]
+            return sol.xs[-1], sol.status  # the status, as the sweep returns it
 
     return jax.jit(jax.vmap(one))
 
@@ -351,23 +351,16 @@ def run_problem(problem, batches, args, hand_rows, sweep_rows):
 
 def fixed_cost(problem, xs, steps, repeat, ref_rate, auto_best):
     """Print what a sweep call costs whatever its steps: the same call with 16 steps (the
-    first member built eagerly, the members built, start check, errors, the result), and
-    the eager build of one member alone; and sweep auto's throughput net of that cost
-    (from the best time of the full-length call here and in its table row, `auto_best`)."""
-    x0 = xs[0]
-    jax.block_until_ready(problem.build(x0))
-    eager = np.inf
-    for _ in range(max(repeat, 3)):
-        start = time.perf_counter()
-        jax.block_until_ready(problem.build(x0))
-        eager = min(eager, time.perf_counter() - start)
+    members built, start check, monitoring at the start and end, errors, the result), and
+    sweep auto's throughput net of that cost (from the best time of the full-length call
+    here and in its table row, `auto_best`)."""
     (_, short, _), (_, full, _) = interleaved(
         [sweep_run(problem, 16, "auto", "auto"), sweep_run(problem, steps, "auto", "auto")], xs, repeat
     )
     batch = xs.shape[0]
     net = batch * (steps - 16) / max(min(full, auto_best) - short, 1e-12)
-    print(f"  sweep auto, fixed cost per call: {1e3 * short:.1f} ms (a 16-step call), of which the eager build of"
-          f" one member {1e3 * eager:.1f} ms; net of it: {net:.3e} traj-steps/s ({net / ref_rate:.2f}x vmap)")
+    print(f"  sweep auto, fixed cost per call: {1e3 * short:.1f} ms (a 16-step call); "
+          f"net of it: {net:.3e} traj-steps/s ({net / ref_rate:.2f}x vmap)")
 
 
 def report_memory(problems, batches, args):

@@ -163,6 +163,9 @@ class BatchedStep(AbstractStep):
     def constraint_residuals(self, x):
         return self._vmap(lambda s, y: s.constraint_residuals(y), (x,), (-1,), -1)
 
+    def monitored(self, x):
+        return self._vmap(lambda s, y: s.monitored(y), (x,), (-1,), -1)
+
     def state_sum(self, z):
         # one sum per member: over every axis of a piece but the members'
         if self.axis == 0:

@@ -87,16 +87,16 @@ class Monitor(eqx.Module):
     scale: jax.Array
     drift_tol: float | None = eqx.field(static=True)
 
-    def drift_code(self, target: AbstractMonitored, x):
-        """0, or the code of the first monitored quantity out of tolerance at `x`."""
+    def drift_code(self, target: AbstractMonitored, x, values=None):
+        """0, or the code of the first monitored quantity out of tolerance at `x`
+        (`values`: `target.monitored(x)` when the caller has it)."""
         if self.drift_tol is None:
             return jnp.asarray(OK, jnp.int64)
         code = jnp.asarray(OK, jnp.int64)
-        inv = target.invariants(x)
+        inv, res = target.monitored(x) if values is None else values
         if inv.shape[0]:
             err = jnp.abs(inv - self.invariants0) / (1.0 + jnp.abs(self.invariants0))
             code = jnp.where(jnp.max(err, axis=0) > self.drift_tol, code_of(RESULTS.invariant_drift), code)
-        res = target.constraint_residuals(x)
         if res.shape[0]:
             bad = jnp.max(jnp.abs(res), axis=0) > self.drift_tol * self.scale
             code = jnp.where(bad, code_of(RESULTS.constraint_violation), code)
@@ -113,14 +113,14 @@ def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
     # vmapped function) is checked here.
     dt_ok = jnp.isfinite(dt) & (dt > 0)
     code = jnp.where(code == OK, jnp.where(dt_ok, OK, code_of(RESULTS.invalid_step_size)), code)
+    inv, res = target.monitored(x0)
     if start_tol is not None:
-        res = target.constraint_residuals(x0)
         if res.shape[0]:
             off = ~(nan_max(jnp.abs(res), axis=0) <= start_tol * scale)
             code = jnp.where(code == OK, jnp.where(off, code_of(RESULTS.off_constraint_set), OK), code)
     code = jnp.asarray(code, jnp.int64)
     record = jnp.stack([jnp.zeros_like(code), jnp.where(code == OK, -1, 0), code])
-    monitor = Monitor(target.invariants(x0), scale, drift_tol)
+    monitor = Monitor(inv, scale, drift_tol)
     return record, monitor
 
 

@@ -185,8 +185,7 @@ def _errors(step, xs):
     """Relative drift of the monitored invariants, (saves, k, …), and the largest
     constraint residual, (saves, …), at the saved states `xs` (saves, n, …): for one run,
     or for a `BatchedStep` (… = B)."""
-    inv = jax.vmap(step.invariants)(xs)
-    res = jax.vmap(step.constraint_residuals)(xs)
+    inv, res = jax.vmap(step.monitored)(xs)
     inv_err = jnp.abs(inv - inv[:1]) / (1.0 + jnp.abs(inv[:1]))
     res_err = nan_max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(xs.shape[:1] + xs.shape[2:], xs.dtype)
     return inv_err, res_err

@@ -1050,7 +1050,7 @@ def _describe(fn) -> str:
     return name
 
 
-def scalar_graph(fn: Callable, *args):
+def scalar_graph(fn: Callable, *args, warn: bool = True):
     """`fn(*args)`, evaluated through its simplified scalar expression graph.
 
     **Arguments:**
@@ -1058,6 +1058,7 @@ def scalar_graph(fn: Callable, *args):
     - `fn`: a function of arrays (a pytree of arrays out).
     - `args`: the arrays (pytrees of arrays) to evaluate it at; concrete (untraced)
       arrays are folded into the graph as constants.
+    - `warn`: warn (once) when `fn` holds an operation the expansion does not handle.
 
     **Returns:**
 
@@ -1088,7 +1089,7 @@ def scalar_graph(fn: Callable, *args):
         _cache[key] = plan
         if len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
-        if isinstance(plan, _Fallback) and not plan.quiet and (key, plan.reason) not in _warned:
+        if warn and isinstance(plan, _Fallback) and not plan.quiet and (key, plan.reason) not in _warned:
             _warned.add((key, plan.reason))
             warnings.warn(
                 f"geomjax: {_describe(fn)} is evaluated without scalar-graph simplification "
