@@ -187,11 +187,14 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
 
 
 def _scan_blocks(
-    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1
+    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1,
+    monitored: bool = False,
 ):
     """Run `n_blocks × block` steps; save the flat state after every block.
 
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
+    With `monitored`, each save is `(x, invariants, residuals)`: the values the drift
+    check computed there (NaN after a failure, as the states).
     """
     block_map = _block_map(step, dt, t0, args, block, checkpoint, unroll)
 
@@ -206,7 +209,8 @@ def _scan_blocks(
         z, record = run_block(c)
         x = step.merge(z)
         failed_before = record[STATUS] != OK
-        code = monitor.drift_code(step, x)
+        values = step.monitored(x)
+        code = monitor.drift_code(step, x, values)
         first = ~failed_before & (code != OK)
         k = record[STEPS]
         record = jnp.stack(
@@ -215,6 +219,8 @@ def _scan_blocks(
         # The state that showed the drift is saved; saves after a failure are NaN, and so
         # are the derivatives of losses that read them (`flag_failed`).
         saved = flag_failed(x, failed_before)
+        if monitored:
+            saved = (saved, *(flag_failed(v, failed_before) for v in values))
         return (z, record), saved
 
     return lax.scan(outer, carry, None, length=n_blocks)
@@ -244,10 +250,17 @@ def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):
     return solution_from_record(ts, xs, record, dt, t0)
 
 
-def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll=1):
-    """Start check, loop, saves and status of a run in one compiled program."""
+def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll=1, monitored=False):
+    """Start check, loop, saves and status of a run in one compiled program. With
+    `monitored`: `(solution, invariants, residuals)`, the monitored values at every save
+    (the start included)."""
     step, carry, monitor = begin(step, x0, dt, start_tol, drift_tol, t0, args)
-    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll)
+    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
+    if monitored:
+        xs, inv, res = xs
+        inv0, res0 = step.monitored(x0)  # as the start check computed them (XLA shares them)
+        sol = _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
+        return sol, jnp.concatenate([inv0[None], inv]), jnp.concatenate([res0[None], res])
     return _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
 
 

@@ -151,17 +151,19 @@ def _runs_in_vmap(build, members, dt, t0, args, method, is_step, n_blocks, block
 
     def one(member):
         target, x0 = make(member)
-        sol = _whole_run(target, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll)
-        return sol, _errors(target, sol.xs)
+        sol, inv, res = _whole_run(target, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
+        return sol, _relative_errors(inv, res)
 
     sol, (inv_err, res_err) = jax.vmap(one)(members)
     return sol.ts[0], (sol.xs, sol.status, sol.failed_step, sol.num_steps, inv_err, res_err)
 
 
-def _chunk_outputs(step, sol):
+def _chunk_outputs(step, sol, monitored=None):
     """The batched run's outputs member-major: `(xs, status, failed_step, num_steps,
-    invariant errors, constraint errors)`, each with the members first."""
-    inv_err, res_err = _errors(step, sol.xs)
+    invariant errors, constraint errors)`, each with the members first. `monitored`: the
+    invariants and residuals at the saves, if the run returned them."""
+    inv, res = jax.vmap(step.monitored)(sol.xs) if monitored is None else monitored
+    inv_err, res_err = _relative_errors(inv, res)
     first = lambda a, axis: jnp.moveaxis(a, axis, 0)
     return first(sol.xs, 2), sol.status, sol.failed_step, sol.num_steps, first(inv_err, 2), first(res_err, 1)
 
@@ -169,8 +171,8 @@ def _chunk_outputs(step, sol):
 def _sweep_chunk(build, members, dt, t0, args, method, is_step, axis, size, loop, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
     """One chunk in one compiled program: members built, run, checked and laid out."""
     step, x0 = _batch(build, members, method, is_step, axis, size, loop)
-    sol = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll)
-    return sol.ts, _chunk_outputs(step, sol)
+    sol, *monitored = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
+    return sol.ts, _chunk_outputs(step, sol, monitored)
 
 
 def _in_one_program(steps, save_every, progress, values) -> bool:
@@ -181,13 +183,12 @@ def _in_one_program(steps, save_every, progress, values) -> bool:
     return not progress and len(_chunks(steps // save_every, save_every, False)) == 1
 
 
-def _errors(step, xs):
-    """Relative drift of the monitored invariants, (saves, k, …), and the largest
-    constraint residual, (saves, …), at the saved states `xs` (saves, n, …): for one run,
-    or for a `BatchedStep` (… = B)."""
-    inv, res = jax.vmap(step.monitored)(xs)
+def _relative_errors(inv, res):
+    """From the invariants (saves, k, …) and residuals (saves, r, …) at the saves (the
+    start first): the relative drift |I − I₀| / (1 + |I₀|), (saves, k, …), and the largest
+    |residual|, (saves, …); … is B for a batch, nothing for one run."""
     inv_err = jnp.abs(inv - inv[:1]) / (1.0 + jnp.abs(inv[:1]))
-    res_err = nan_max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(xs.shape[:1] + xs.shape[2:], xs.dtype)
+    res_err = nan_max(jnp.abs(res), axis=1) if res.shape[1] else jnp.zeros(res.shape[:1] + res.shape[2:], res.dtype)
     return inv_err, res_err
 
 
