@@ -1,5 +1,7 @@
 """The members of a sweep: products and zips of named value axes."""
 
+import math
+
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -54,7 +56,7 @@ class Grid(eqx.Module):
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def names(self) -> tuple:
@@ -72,7 +74,10 @@ class Grid(eqx.Module):
 
     def take(self, members):
         """`{name: values}` for the members numbered `members` (a 1-D integer array)."""
-        index = np.unravel_index(np.asarray(members), self.shape)
+        members = np.asarray(members)
+        if len(self.axes) == 1 and members.shape == (self.size,) and np.array_equal(members, np.arange(self.size)):
+            return dict(self.axes[0])  # all members of one axis, in order: the values themselves
+        index = np.unravel_index(members, self.shape)
         return {name: values[index[a]] for a, axis in enumerate(self.axes) for name, values in axis.items()}
 
 

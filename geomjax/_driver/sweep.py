@@ -168,11 +168,17 @@ def _chunk_outputs(step, sol, monitored=None):
     return first(sol.xs, 2), sol.status, sol.failed_step, sol.num_steps, first(inv_err, 2), first(res_err, 1)
 
 
-def _sweep_chunk(build, members, dt, t0, args, method, is_step, axis, size, loop, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
+def _sweep_chunk(
+    build, members, dt, t0, args, method, is_step, axis, size, loop, n_blocks, block, checkpoint, start_tol, drift_tol,
+    unroll, grid_shape=None,
+):
     """One chunk in one compiled program: members built, run, checked and laid out."""
     step, x0 = _batch(build, members, method, is_step, axis, size, loop)
     sol, *monitored = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
-    return sol.ts, _chunk_outputs(step, sol, monitored)
+    outputs = _chunk_outputs(step, sol, monitored)
+    if grid_shape is not None:  # the chunk is the whole grid: shaped like it here, not after
+        outputs = tuple(a.reshape(grid_shape + a.shape[1:]) for a in outputs)
+    return sol.ts, outputs
 
 
 def _in_one_program(steps, save_every, progress, values) -> bool:
@@ -372,7 +378,9 @@ def sweep(
                 raise _ClosesOverMember
             if _in_one_program(steps, save_every, progress, (members, dt, t0, args)):
                 options = (method, is_step, axis, chunk_size, loop, steps // save_every, save_every, checkpoint)
-                ts, piece = compiled_call(_sweep_chunk, options + (start_tol, drift_tol, unroll), build, members, dt, t0, args)
+                whole = grid.shape if chunk_size == grid.size and n_devices == 1 else None
+                options += (start_tol, drift_tol, unroll, whole)
+                ts, piece = compiled_call(_sweep_chunk, options, build, members, dt, t0, args)
             else:  # a long run or a progress bar: the driver's chunks of steps
                 batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size, loop), build, members)
                 sol = _run_fixed(batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll)

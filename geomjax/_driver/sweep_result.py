@@ -74,6 +74,8 @@ class SweepResult(eqx.Module):
         size, shape = grid.size, grid.shape
 
         def assemble(i):
+            if len(pieces) == 1 and pieces[0][i].shape[: len(shape)] == shape:
+                return jnp.asarray(pieces[0][i])  # shaped like the grid already
             a = jnp.asarray(pieces[0][i]) if len(pieces) == 1 else jnp.concatenate([p[i] for p in pieces], axis=0)
             a = a if a.shape[0] == size else a[:size]
             return a.reshape(shape + a.shape[1:])
