@@ -17,7 +17,6 @@ Run: `python benchmarks/implicit_rk.py [--t-final T] [--dt H]`.
 
 import argparse
 import math
-import time
 
 import jax
 import jax.numpy as jnp

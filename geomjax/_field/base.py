@@ -5,7 +5,6 @@ from collections.abc import Callable
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._monitored import AbstractMonitored, AbstractSystemMonitored
 from .._validate import _TRACE_ERRORS, untraceable_message
