@@ -339,8 +339,6 @@ def sweep(
             stacklevel=2,
         )
 
-    # One member built eagerly: structural errors (a wrong build, a bad method, a state of
-    # the wrong shape or dtype) are raised here, in words, before anything compiles.
     first = {name: v[0] for name, v in grid.take(np.array([0])).items()}
     _check_names(build, first, grid)
     dt = _as_scalar(dt, jnp.float64)
