@@ -9,6 +9,16 @@ from . import models as models
 from ._system.bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
 from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
 from ._field.feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
+from ._field.adaptive_gain import AdaptiveFeedbackField as AdaptiveFeedbackField
+from ._tuning.stability import (
+    FeedbackAccuracyWarning as FeedbackAccuracyWarning,
+    GainCheck as GainCheck,
+    check_gains as check_gains,
+    feedback_rate as feedback_rate,
+    recommended_gains as recommended_gains,
+    stability_interval as stability_interval,
+)
+from ._tuning.tune import TuningResult as TuningResult, feedback_objective as feedback_objective, tune_gains as tune_gains
 from ._field.base import AbstractField as AbstractField, TimeField as TimeField
 from ._driver.integrate import integrate as integrate
 from ._driver.sweep import sweep as sweep

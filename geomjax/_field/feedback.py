@@ -154,22 +154,37 @@ class AbstractFeedbackField(SystemField):
         >>> model = geomjax.models.spherical_pendulum()
         >>> Y = geomjax.feedback_field(model.system, model.x0, 50.0)
         >>> round(float(Y.euler_step_limit(model.x0)), 5)  # h = 1e-3 is well inside
-        0.00741
+        0.00742
 
         ```
         """
-        x = jnp.asarray(x)
-        hess = jax.hessian(self.lyapunov)(x)
-        if self.metric is None:
-            lam = jnp.max(jnp.linalg.eigvalsh(hess))
-        else:
-            ell = self.metric(x) if callable(self.metric) else self.metric
-            if jnp.ndim(ell) == 0:
-                lam = ell * jnp.max(jnp.linalg.eigvalsh(hess))
-            else:
-                # L∇²V is similar to L^½∇²V L^½ (L SPD): real eigenvalues.
-                lam = jnp.max(jnp.real(jnp.linalg.eigvals(ell @ hess)))
-        return 2.0 / lam
+        from .._tuning.stability import feedback_rate
+
+        return 2.0 / feedback_rate(self, x)
+
+    def adaptive(self, dt, *, safety: float = 1.1, floor: float = 1e-10):
+        """This field with Bae & Chang's adaptive gain: Y = X − α(x)L∇V with
+        α(x) = 1/(h·max(floor, c‖L∇²V(x)‖_F)), h = `dt` the step it will be run with and
+        c = `safety` (see `geomjax.AdaptiveFeedbackField`).
+
+        Example (Kepler-like use: the gains only set the weights, α sets the strength):
+
+        ```python
+        >>> import geomjax
+        >>> model = geomjax.models.spherical_pendulum()
+        >>> Y = geomjax.feedback_field(model.system, model.x0, 1.0).adaptive(dt=1e-2)
+        >>> sol = geomjax.integrate(Y, model.x0, dt=1e-2, steps=1000, method="euler")
+        >>> H = model.system.hamiltonian
+        >>> bool(sol.ok), abs(float(H(sol.xs[-1]) - H(model.x0))) < 1e-3
+        (True, True)
+
+        ```
+        """
+        from .adaptive_gain import AdaptiveFeedbackField
+
+        if not (isinstance(safety, (int, float)) and safety > 0 and isinstance(floor, (int, float)) and floor > 0):
+            raise ValueError(f"adaptive gains need a positive safety factor and floor, got {safety!r} and {floor!r}")
+        return AdaptiveFeedbackField(self, jnp.asarray(dt, jnp.float64), float(safety), float(floor))
 
     def _apply_metric(self, z, grad_v):
         if self.metric is None:

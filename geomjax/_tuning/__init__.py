@@ -1,0 +1,1 @@
+"""Choosing feedback gains: stability bounds, rules of thumb, and gradient-based tuning."""

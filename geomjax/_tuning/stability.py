@@ -1,0 +1,253 @@
+"""How strong the feedback may be for a method and a step: the method's stability interval
+on ẏ = −μy, the stiffest rate of the feedback term, the dynamics' own rate, and the gains
+that place the one at a chosen point of the others."""
+
+import functools
+import math
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._field.adaptive_gain import scale_gains
+from .._field.base import FunctionField
+from .._step.methods import build_step, method_order
+
+
+class FeedbackAccuracyWarning(UserWarning):
+    """Feedback with a high-order method at gains that are expected to cost accuracy."""
+
+
+def _decay(x):
+    return -x
+
+
+@functools.lru_cache(maxsize=None)
+def _amplification(method: str):
+    """`z ↦ R(−z)`, the method's step on ẏ = −y with step z from y = 1, vmapped and jitted."""
+    step = build_step(method, FunctionField(_decay))
+    return jax.jit(jax.vmap(lambda z: step(jnp.ones((1,)), z)[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def stability_interval(method: str) -> float:
+    """β, the end of the method's stability interval on the negative real axis.
+
+    Near the invariant set the feedback term −L∇V contributes the real, non-positive
+    eigenvalues −μ of −L∇²V (L and ∇²V symmetric positive semidefinite there). A one-step
+    method applied to ẏ = −μy multiplies y by its stability function R(−hμ); it is stable
+    when |R(−hμ)| ≤ 1. β is the largest value with |R(−z)| ≤ 1 for every z ∈ [0, β],
+    found by running the method's own step on ẏ = −y over a grid of steps z and refining
+    the first crossing by bisection. Explicit Euler: β = 2 (the bound h·λ_max(L∇²V) < 2
+    of seed 000); RK4: 2.785; A-stable implicit methods: ∞ (reported when |R| ≤ 1 up to
+    z = 10⁴).
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> geomjax.stability_interval("euler"), round(geomjax.stability_interval("rk4"), 4)
+    (2.0, 2.7853)
+    >>> geomjax.stability_interval("gauss4")
+    inf
+
+    ```
+    """
+    amplify = _amplification(method)
+    grid = np.concatenate([np.linspace(0.0, 64.0, 6401)[1:], np.geomspace(64.0, 1e4, 400)[1:]])
+    unstable = np.abs(np.asarray(amplify(jnp.asarray(grid)))) > 1.0 + 1e-12
+    if not unstable.any():
+        return math.inf
+    first = int(np.argmax(unstable))
+    lo, hi = (0.0 if first == 0 else grid[first - 1]), grid[first]
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if abs(float(amplify(jnp.asarray([mid]))[0])) > 1.0 + 1e-12:
+            hi = mid
+        else:
+            lo = mid
+    return float(round(lo, 10))
+
+
+def _metric_value(field, x):
+    metric = field.metric
+    if metric is None:
+        return None
+    return metric(x) if callable(metric) else metric
+
+
+def feedback_rate(field, x):
+    """λ_max(L∇²V)(x), the stiffest rate of the feedback term −L∇V at the flat state `x`.
+
+    On the invariant set (F = F₀) the Hessian is DFᵀKDF (+ the embedded groups' k₀ term),
+    linear in the gains K; explicit methods are stable there for h·λ_max ≤ β
+    (`stability_interval`). Differentiable in the field's gains and metric.
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, 50.0)
+    >>> round(float(geomjax.feedback_rate(Y, model.x0)), 2)   # 2 / Y.euler_step_limit
+    269.42
+
+    ```
+    """
+    x = jnp.asarray(x)
+    hess = jax.hessian(field.lyapunov)(x)
+    ell = _metric_value(field, x)
+    if ell is None:
+        return jnp.linalg.eigvalsh(hess)[-1]
+    if jnp.ndim(ell) == 0:
+        return ell * jnp.linalg.eigvalsh(hess)[-1]
+    # L∇²V is similar to L^½ ∇²V L^½ (L SPD): its eigenvalues are real.
+    root = _spd_sqrt(ell)
+    return jnp.linalg.eigvalsh(root @ hess @ root)[-1]
+
+
+def _spd_sqrt(ell):
+    w, v = jnp.linalg.eigh(ell)
+    return (v * jnp.sqrt(w)) @ v.T
+
+
+def without_feedback(field):
+    """The feedback field with zero gains: X itself (the Dirac or extended field)."""
+    return scale_gains(field, 0.0)
+
+
+def dynamics_rate(field, x):
+    """‖DX(x)‖₂, the rate of the dynamics without feedback at the flat state `x` (the
+    Lipschitz constant of X there), the time scale a high-order method resolves."""
+    plain = without_feedback(field.at_start(field.split(jnp.asarray(x))))
+    return jnp.linalg.norm(jax.jacfwd(plain)(jnp.asarray(x)), 2)
+
+
+def _states(x0):
+    x0 = jnp.asarray(x0, jnp.float64)
+    return x0[None] if x0.ndim == 1 else x0
+
+
+def _at(field, x):
+    return field.at_start(field.split(x))
+
+
+def _rates(field, x0s):
+    """(feedback rate, dynamics rate) at each initial state, with F₀ = F(x0) per state."""
+    return jax.jit(jax.vmap(lambda x: (feedback_rate(_at(field, x), x), dynamics_rate(field, x))))(x0s)
+
+
+class GainCheck(eqx.Module):
+    """What `check_gains` found: rates at the initial states and where the gains stand.
+
+    - `feedback_rate`: the largest λ_max(L∇²V) over the initial states.
+    - `dynamics_rate`: the largest ‖DX‖₂ over them.
+    - `bound`: the method's stability interval β (`stability_interval`), ∞ if A-stable.
+    - `stability_fraction`: h·λ_max/β (≥ 1 is unstable).
+    - `recommended_scale`: the factor on the gains that `recommended_gains` applies.
+    - `messages`: what is wrong or expected to cost accuracy, in words (empty if nothing).
+    """
+
+    feedback_rate: float
+    dynamics_rate: float
+    bound: float
+    stability_fraction: float
+    recommended_scale: float
+    messages: tuple
+
+    def __str__(self):
+        head = (
+            f"h·λ_max(L∇²V) = {self.stability_fraction * self.bound:.3g} "
+            f"({self.stability_fraction:.1%} of the stability bound {self.bound:.4g}); "
+            f"λ_max = {self.feedback_rate:.3g}, dynamics rate ‖DX‖ = {self.dynamics_rate:.3g}; "
+            f"recommended gains: × {self.recommended_scale:.3g}"
+        )
+        return "\n".join((head, *self.messages))
+
+
+def _target_rate(order: int, dt: float, bound: float, dynamics: float) -> float:
+    if order <= 1:
+        # Bae & Chang: α = 1/(h·L̂) minimises the Taylor bound of feedback Euler, i.e.
+        # h·λ_max = 1 (half the stability interval).
+        return min(1.0, 0.5 * bound) / dt
+    # A high-order method resolves the dynamics to O(h^p); feedback faster than the
+    # dynamics adds its own truncation error to the invariants (measured: knife edge,
+    # RK4, h = 0.01: λ = 0.1‖DX‖ leaves the drift as is, λ = 5‖DX‖ makes it 100× worse).
+    return min(0.1 * dynamics, 0.5 * bound / dt)
+
+
+def check_gains(field, x0, dt, method: str = "euler", *, warn: bool = True) -> GainCheck:
+    """Where the gains of a feedback field stand for a step `dt` and a method.
+
+    With λ = λ_max(L∇²V) at the initial states (`feedback_rate`), β the method's stability
+    interval (`stability_interval`) and ω = ‖DX‖₂ the dynamics' own rate:
+
+    - h·λ ≥ β: the run is unstable near the invariant set (a `messages` entry; this is
+      the bound h·λ_max < 2 of explicit Euler, and its analogue for other methods);
+    - a method of order p ≥ 2 with λ > ω: the feedback is faster than the dynamics the
+      method resolves, and its own truncation error is expected to cost accuracy on the
+      invariants (a `FeedbackAccuracyWarning` when `warn`);
+    - the rule of thumb (`recommended_gains`): h·λ = 1 for first-order methods (Bae &
+      Chang's α = 1/(h·L̂), which minimises their Taylor bound for feedback Euler), and
+      λ = ω/10 (within half the stability interval) for higher orders.
+
+    `x0` is one flat initial state or a batch `(B, n)` (the largest rates are used).
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, 50.0)
+    >>> check = geomjax.check_gains(Y, model.x0, 1e-3, "euler")
+    >>> round(check.stability_fraction, 3), check.messages
+    (0.135, ())
+
+    ```
+    """
+    x0s = _states(x0)
+    lam, omega = (float(jnp.max(r)) for r in _rates(field, x0s))
+    bound = stability_interval(method)
+    order = method_order(method)
+    messages = []
+    fraction = dt * lam / bound if math.isfinite(bound) else 0.0
+    if fraction >= 1.0:
+        messages.append(
+            f"unstable: h·λ_max(L∇²V) = {dt * lam:.3g} ≥ {bound:.4g}, the stability interval of "
+            f"{method!r}; lower the gains by a factor ≥ {fraction:.3g} or the step"
+        )
+    if order >= 2 and lam > omega:
+        text = (
+            f"feedback with {method!r} (order {order}) is expected to cost accuracy: its rate "
+            f"λ_max = {lam:.3g} exceeds the dynamics' rate ‖DX‖ = {omega:.3g}; gains about "
+            f"{lam / max(omega, 1e-300) * 10:.3g}× smaller keep the method's accuracy"
+        )
+        messages.append(text)
+        if warn:
+            warnings.warn(text, FeedbackAccuracyWarning, stacklevel=2)
+    scale = _target_rate(order, dt, bound, omega) / lam if lam > 0 else math.inf
+    return GainCheck(lam, omega, bound, fraction, scale, tuple(messages))
+
+
+def recommended_gains(field, x0, dt, method: str = "euler"):
+    """The field's gains scaled by the rule of thumb of `check_gains`: h·λ_max(L∇²V) = 1
+    for first-order methods, λ_max = ‖DX‖/10 (within half the stability interval) for
+    higher orders. The relative weights of the gains are kept (λ_max is linear in K).
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, 1.0)
+    >>> K = geomjax.recommended_gains(Y, model.x0, 1e-3, "euler")
+    >>> Z = geomjax.feedback_field(model.system, model.x0, K)
+    >>> round(1e-3 * float(geomjax.feedback_rate(Z, model.x0)), 6)
+    1.0
+
+    ```
+    """
+    check = check_gains(field, x0, dt, method, warn=False)
+    return np.asarray(field.gains) * check.recommended_scale

@@ -1,0 +1,462 @@
+"""Gradient-based tuning of feedback gains (and optionally the metric) with optax."""
+
+import math
+import sys
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._driver.grid import zipped
+from .._driver.sweep import sweep
+from .._field.feedback import AbstractFeedbackField
+from .._validate import as_state
+from .stability import feedback_rate, stability_interval, without_feedback
+
+_KINDS = ("scalar", "vector", "matrix")
+_METRICS = (False, "diagonal", "full")
+_REFERENCE_SUBSTEPS = 8
+_TINY = 1e-300
+
+
+# --------------------------------------------------------------------------------------
+# Parametrisation: unconstrained θ ↦ valid gains and metric
+
+
+def _chol_param(matrix):
+    """θ of an SPD matrix: its Cholesky factor with the diagonal's logarithm."""
+    c = np.linalg.cholesky(np.asarray(matrix, np.float64))
+    return jnp.asarray(np.tril(c, -1) + np.diag(np.log(np.diag(c))))
+
+
+def _chol_value(theta):
+    c = jnp.tril(theta, -1) + jnp.diag(jnp.exp(jnp.diag(theta)))
+    return c @ c.T
+
+
+def _initial_theta(field, kind: str, metric: str | bool, dim: int):
+    k = np.asarray(field.gains, np.float64)
+    theta = {}
+    if kind == "scalar":
+        theta["gains"] = jnp.zeros(())
+    elif kind == "vector":
+        if k.ndim != 1:
+            raise ValueError("gains='vector' needs a field whose gains are a vector (one per entry of F)")
+        theta["gains"] = jnp.asarray(np.log(np.where(k > 0, k, 1.0)))
+    else:
+        theta["gains"] = _chol_param(np.diag(k) if k.ndim == 1 else k)
+    if getattr(field, "embedding_gain", None) is not None:
+        theta["embedding"] = jnp.log(jnp.asarray(field.embedding_gain, jnp.float64))
+    if metric:
+        ell = field.metric
+        if callable(ell):
+            raise ValueError("tune_metric needs a constant metric (None, a scalar or a matrix), not a callable")
+        ell = np.eye(dim) if ell is None else np.asarray(ell, np.float64) * (np.eye(dim) if np.ndim(ell) == 0 else 1.0)
+        if metric == "diagonal":
+            theta["metric"] = jnp.asarray(np.log(np.diag(ell)))
+        else:
+            theta["metric"] = _chol_param(ell)
+    return theta
+
+
+def _with_theta(field, theta, kind: str, metric):
+    """The feedback field with the gains (and metric) that θ stands for."""
+    k0 = jnp.asarray(field.gains, jnp.float64)
+    if kind == "scalar":
+        gains = jnp.exp(theta["gains"]) * k0
+    elif kind == "vector":
+        gains = jnp.where(k0 > 0, jnp.exp(theta["gains"]), 0.0)
+    else:
+        gains = _chol_value(theta["gains"])
+    field = eqx.tree_at(lambda f: f.gains, field, gains)
+    if "embedding" in theta:
+        scale = jnp.exp(theta["gains"]) if kind == "scalar" else 1.0
+        field = eqx.tree_at(lambda f: f.embedding_gain, field, scale * jnp.exp(theta["embedding"]))
+    if metric:
+        ell = jnp.diag(jnp.exp(theta["metric"])) if metric == "diagonal" else _chol_value(theta["metric"])
+        field = eqx.tree_at(lambda f: f.metric, field, ell, is_leaf=lambda v: v is None)
+    return field
+
+
+def _scaled_theta(theta, kind: str, factor):
+    """θ of the gains times `factor` (> 0), the metric unchanged."""
+    log = jnp.log(factor)
+    out = dict(theta)
+    if kind == "matrix":
+        g = theta["gains"]
+        out["gains"] = jnp.tril(g, -1) * jnp.sqrt(factor) + jnp.diag(jnp.diag(g) + 0.5 * log)
+    else:
+        out["gains"] = theta["gains"] + log
+    if "embedding" in theta and kind != "scalar":
+        out["embedding"] = theta["embedding"] + log
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Objectives, per member: log₁₀ of an RMS over the saves after the start
+
+
+def _invariant_drift(field):
+    def drift(xs, x0, reference):
+        del reference
+        target = field.target if field.pinned else field.target_at(x0)
+        dev = jax.vmap(field.quantities)(xs[1:]) - target
+        return jnp.sqrt(jnp.mean(jnp.sum(dev * dev, axis=-1)))
+
+    return drift
+
+
+def _reference_error(xs, x0, reference):
+    del x0
+    dev = xs[1:] - reference[1:]
+    return jnp.sqrt(jnp.mean(jnp.sum(dev * dev, axis=-1)))
+
+
+class _Objective(eqx.Module):
+    """An objective over a batch of runs: per-member values (log₁₀ of an RMS for the
+    built-in ones), the runs' settings, and the reference runs when it needs them."""
+
+    name: str = eqx.field(static=True)
+    per_member: Callable = eqx.field(static=True)
+    use_log: bool = eqx.field(static=True)
+    run: dict = eqx.field(static=True)
+
+    def references(self, field, states):
+        """x_ref at the saves (the field without feedback, RK4 at dt/8) or zeros."""
+        if self.name != "reference":
+            return jnp.zeros((states.shape[0],))
+        plain, sub = without_feedback(field), _REFERENCE_SUBSTEPS
+        run = self.run
+        ref = sweep(
+            lambda x0: (plain, x0), zipped(x0=states), dt=run["dt"] / sub, steps=run["steps"] * sub,
+            method="rk4", save_every=run["save_every"] * sub, drift_tol=None,
+        )
+        return ref.xs
+
+    def members(self, field, states, refs):
+        """(value per member, ok per member); a failed member's value is NaN."""
+        result = sweep(lambda x0: (field, x0), zipped(x0=states), **self.run)
+        ok = result.ok
+        xs = jnp.where(ok[:, None, None], result.xs, states[:, None, :])
+        refs = refs if self.name == "reference" else jnp.zeros_like(xs)
+        values = jax.vmap(self.per_member(field))(xs, states, refs)
+        values = jnp.log10(values + _TINY) if self.use_log else values
+        ok = ok & jnp.isfinite(values)
+        return jnp.where(ok, values, jnp.nan), ok
+
+
+def _objective(objective, *, dt, steps, method, save_every, checkpoint) -> _Objective:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if save_every is None:
+        save_every = max(1, steps // 10)
+    if steps % save_every:
+        raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
+    run = dict(dt=dt, steps=steps, method=method, save_every=save_every, drift_tol=None, checkpoint=checkpoint)
+    if callable(objective):
+        name = getattr(objective, "__name__", "user objective")
+        return _Objective(name, lambda f: (lambda xs, x0, ref: objective(xs, x0)), False, run)
+    if objective == "invariants":
+        return _Objective("invariants", _invariant_drift, True, run)
+    if objective == "reference":
+        return _Objective("reference", lambda f: _reference_error, True, run)
+    raise ValueError(f"objective must be 'invariants', 'reference' or a callable, got {objective!r}")
+
+
+def feedback_objective(
+    field: AbstractFeedbackField,
+    x0s,
+    *,
+    dt: float,
+    steps: int,
+    method: str = "euler",
+    objective: str | Callable = "invariants",
+    save_every: int | None = None,
+):
+    """The objective `geomjax.tune_gains` minimises, for the gains the field has.
+
+    Returns `(value, per_member, failed)`: the mean over the initial states `x0s` (B, n)
+    of the per-member objective (`inf` when a member failed, e.g. diverged at gains past
+    the stability bound), the `(B,)` values (NaN for failed members) and the number of
+    failed members. See `tune_gains` for the objectives.
+
+    Example:
+
+    ```python
+    >>> import numpy as np, geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> for k in (1.0, 50.0):
+    ...     Y = geomjax.feedback_field(model.system, model.x0, k)
+    ...     value, _, failed = geomjax.feedback_objective(Y, model.x0[None], dt=1e-3, steps=500)
+    ...     print(k, round(value, 2), failed)
+    1.0 -3.06 0
+    50.0 -4.36 0
+
+    ```
+    """
+    if not isinstance(field, AbstractFeedbackField):
+        raise TypeError(f"feedback_objective needs a feedback field, got {type(field).__name__}")
+    states = _as_states(x0s, field.system.dim, "x0s")
+    obj = _objective(objective, dt=dt, steps=steps, method=method, save_every=save_every, checkpoint=False)
+    values, ok = obj.members(field, states, obj.references(field, states))
+    values = np.asarray(values)
+    failed = int(np.sum(~np.asarray(ok)))
+    return (math.inf if failed else float(values.mean())), values, failed
+
+
+class TuningResult(eqx.Module):
+    """What `geomjax.tune_gains` found.
+
+    - `field`: the feedback field with the tuned gains (and metric).
+    - `gains`, `metric`: the tuned values (`metric` None when it was not tuned).
+    - `initial_gains`: the gains it started from (after the stability projection).
+    - `history`: per iteration (the start included): `"objective"`, `"gains"`,
+      `"stability_fraction"` (h·λ_max/β at the training states), `"failed"` (members that
+      failed); `"skipped"`, per update, True where the gradient was not finite.
+    - `objective_before`, `objective_after`: the training objective at the initial and
+      the tuned gains (log₁₀ units for the built-in objectives: −1 is 10× smaller).
+    - `held_out_before`, `held_out_after`: the same on the held-out states (None if none).
+    - `stability_fraction`: h·λ_max(L∇²V)/β at the tuned gains, the largest over the
+      training and held-out states (0 for A-stable methods).
+    - `objective`, `method`, `dt`, `steps`: what was tuned for.
+    """
+
+    field: AbstractFeedbackField
+    gains: np.ndarray
+    metric: np.ndarray | None
+    initial_gains: np.ndarray
+    history: dict
+    objective_before: float
+    objective_after: float
+    held_out_before: float | None
+    held_out_after: float | None
+    stability_fraction: float
+    objective: str = eqx.field(static=True)
+    method: str = eqx.field(static=True)
+    dt: float = eqx.field(static=True)
+    steps: int = eqx.field(static=True)
+
+    def summary(self) -> str:
+        """The outcome in a few lines of text."""
+        lines = [
+            f"tuned {self.method} at h = {self.dt:g} over {self.steps} steps ({self.objective})",
+            f"  training objective {self.objective_before:.4g} → {self.objective_after:.4g}",
+        ]
+        if self.held_out_before is not None:
+            lines.append(f"  held-out objective {self.held_out_before:.4g} → {self.held_out_after:.4g}")
+        lines.append(f"  gains {np.array2string(self.initial_gains, precision=4)} → {np.array2string(self.gains, precision=4)}")
+        lines.append(f"  h·λ_max/β = {self.stability_fraction:.3g}")
+        return "\n".join(lines)
+
+    def plot(self, axes=None):
+        """Objective and gains over the iterations (two panels); returns the figure."""
+        import matplotlib.pyplot as plt
+
+        if axes is None:
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+        else:
+            fig = axes[0].figure
+        it = np.arange(len(self.history["objective"]))
+        axes[0].plot(it, self.history["objective"], "o-", ms=3, label="training states")
+        if self.held_out_before is not None:
+            axes[0].plot([0, it[-1]], [self.held_out_before, self.held_out_after], "s--", label="held-out states (start, tuned)")
+        axes[0].set(xlabel="optax iteration", ylabel=f"objective ({self.objective})", title="objective")
+        axes[0].legend(loc="best", fontsize="small")
+        g = np.asarray(self.history["gains"]).reshape(len(it), -1)
+        if g.shape[1] <= 12:
+            for j in range(g.shape[1]):
+                axes[1].semilogy(it, np.maximum(g[:, j], 1e-300), label=f"K[{j}]")
+            axes[1].legend(loc="best", fontsize="small", ncol=2)
+        else:
+            axes[1].semilogy(it, np.abs(g).max(axis=1), label="max |K|")
+        axes[1].set(xlabel="optax iteration", ylabel="gain", title="gains")
+        return fig
+
+
+def _as_states(x0s, dim, what):
+    x = jnp.asarray(x0s)
+    if x.ndim == 1:
+        x = x[None]
+    if x.ndim != 2:
+        raise ValueError(f"{what} must be a batch of flat initial states (B, n), got shape {tuple(x.shape)}")
+    if x.dtype != jnp.float64:
+        as_state(x[0], dim)  # the float32 / wrong-type message
+    if dim is not None and x.shape[1] != dim:
+        raise ValueError(f"{what} has states of length {x.shape[1]}, but the system's state has length {dim}")
+    if not bool(jnp.all(jnp.isfinite(x))):
+        bad = np.argwhere(~np.isfinite(np.asarray(x)))[0]
+        raise ValueError(f"{what} has non-finite entries (NaN or inf), first at state {bad[0]}, index {bad[1]}")
+    return x
+
+
+def tune_gains(
+    field: AbstractFeedbackField,
+    x0s,
+    *,
+    dt: float,
+    steps: int,
+    method: str = "euler",
+    objective: str | Callable = "invariants",
+    held_out=None,
+    gains: str | None = None,
+    tune_metric: bool | str = False,
+    optimizer: optax.GradientTransformation | None = None,
+    iterations: int = 20,
+    save_every: int | None = None,
+    stability: float = 0.9,
+    checkpoint: bool = True,
+    progress: bool = False,
+) -> TuningResult:
+    """Tune the gains K (and optionally the metric L) of a feedback field with optax.
+
+    Minimises, over the gains, the mean over a batch of initial states x₀⁽ⁱ⁾ (one
+    `geomjax.sweep`) of an objective of the run of `steps` steps of size `dt`:
+
+    - `"invariants"`: log₁₀ RMS over the saves of ‖F(x) − F₀‖, F = (constraints,
+      energy, integrals) of the feedback field (the invariant and constraint drift);
+    - `"reference"`: log₁₀ RMS of ‖x − x_ref‖, x_ref the run of the field without
+      feedback (X, which the feedback leaves unchanged on the invariant set) by RK4 at
+      step `dt`/8, at the same saves;
+    - a callable `objective(xs, x0) ↦ scalar` per member (xs the member's saves, the
+      start included, shape (saves, n)).
+
+    Gradients go through the whole run (reverse mode, each save block rematerialised
+    when `checkpoint`). The gains stay valid by construction: a scalar scale
+    K = e^s K₀ (`gains="scalar"`), one e^{θᵢ} per entry of F (`"vector"`; zero gains stay
+    zero), or K = CCᵀ with C lower triangular with a log diagonal (`"matrix"`); a tuned
+    metric is diagonal (e^μ) or Cholesky-parametrised (`tune_metric="diagonal"/"full"`).
+    Stability is a constraint: at the start and after every update the gains are scaled
+    down, where needed, so that h·λ_max(L∇²V) ≤ `stability`·β at every training state,
+    β the method's stability interval (`geomjax.stability_interval`; λ_max is linear in
+    K, so the projection is exact). A member that fails counts as the worst finite one
+    plus 2 decades; an update whose gradient is not finite is replaced by halving the
+    gains. The result is the best iterate.
+
+    **Arguments:**
+
+    - `field`: a feedback field (`geomjax.feedback_field`) with the starting gains.
+    - `x0s`: training initial states, `(B, n)`.
+    - `dt`, `steps`, `method`, `save_every` (default: 10 saves), `checkpoint`: the runs.
+    - `objective`: `"invariants"`, `"reference"` or a callable (above).
+    - `held_out`: initial states `(B', n)` to report the objective on, before and after.
+    - `gains`: `"scalar"`, `"vector"` or `"matrix"` (default: the field's own kind).
+    - `tune_metric`: False, `"diagonal"` or `"full"`.
+    - `optimizer`: an optax transformation (default `optax.adam(0.2)`, on log-gains).
+    - `iterations`: optax steps.
+    - `stability`: the fraction of the stability interval allowed, in (0, 1).
+    - `progress`: print the objective at each iteration.
+
+    **Returns:** a `geomjax.TuningResult` (`field`, `gains`, `history`, objectives before
+    and after on training and held-out states, `summary()`, `plot()`).
+
+    Example (the spherical pendulum from gains far too small, feedback Euler):
+
+    ```python
+    >>> import numpy as np, optax, geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, 0.1)
+    >>> starts = np.stack([model.x0, model.x0 * np.array([1, 1, 1, 0.5, 1, 0.5])])
+    >>> tuned = geomjax.tune_gains(Y, starts, dt=1e-2, steps=200, iterations=5,
+    ...                            gains="scalar", optimizer=optax.adam(1.0))
+    >>> bool(tuned.objective_after < tuned.objective_before - 0.5)
+    True
+
+    ```
+    """
+    if not isinstance(field, AbstractFeedbackField):
+        raise TypeError(f"tune_gains needs a feedback field (geomjax.feedback_field), got {type(field).__name__}")
+    dim = field.system.dim
+    x0s = _as_states(x0s, dim, "x0s")
+    held = None if held_out is None else _as_states(held_out, dim, "held_out")
+    kind = gains or ("vector" if np.ndim(field.gains) == 1 else "matrix")
+    if kind not in _KINDS:
+        raise ValueError(f"gains must be one of {_KINDS}, got {gains!r}")
+    if tune_metric not in _METRICS:
+        raise ValueError(f"tune_metric must be one of {_METRICS}, got {tune_metric!r}")
+    if not 0 < stability < 1:
+        raise ValueError(f"stability is the fraction of the stability interval allowed, in (0, 1); got {stability!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be a positive integer, got {iterations!r}")
+    optimizer = optax.adam(0.2) if optimizer is None else optimizer
+    bound = stability_interval(method)
+    obj = _objective(objective, dt=dt, steps=steps, method=method, save_every=save_every, checkpoint=checkpoint)
+
+    def loss(theta, states, refs):
+        values, ok = obj.members(_with_theta(field, theta, kind, tune_metric), states, refs)
+        # A failed member counts as the worst finite one plus two decades (no gradient).
+        worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
+        return jnp.mean(jnp.where(ok, values, worst + 2.0)), jnp.sum(~ok)
+
+    def rate(theta, states):
+        tuned = _with_theta(field, theta, kind, tune_metric)
+        return jnp.max(jax.vmap(lambda x: feedback_rate(tuned.at_start(tuned.split(x)), x))(states))
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    evaluate = jax.jit(loss)
+    rate_at = jax.jit(rate)
+
+    def project(theta):
+        if not math.isfinite(bound):
+            return theta, 0.0
+        frac = dt * float(rate_at(theta, x0s)) / bound
+        if frac > stability:
+            theta = _scaled_theta(theta, kind, stability / frac)
+            frac = stability
+        return theta, frac
+
+    theta, frac = project(_initial_theta(field, kind, tune_metric, dim))
+    refs = obj.references(field, x0s)
+    state = optimizer.init(theta)
+    history = {"objective": [], "gains": [], "stability_fraction": [], "failed": [], "skipped": []}
+    current, thetas = theta, []
+    for it in range(iterations + 1):
+        (value, failed), grad = value_and_grad(current, x0s, refs)
+        history["objective"].append(float(value))
+        history["gains"].append(np.asarray(_with_theta(field, current, kind, tune_metric).gains))
+        history["stability_fraction"].append(frac)
+        history["failed"].append(int(failed))
+        thetas.append(current)
+        if progress:
+            print(f"tune_gains: iteration {it:3d}  objective {float(value):.5g}  failed {int(failed)}  h·λ/β {frac:.3g}", file=sys.stderr)
+        if it == iterations:
+            break
+        finite = all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grad))
+        history["skipped"].append(not finite)
+        if finite:
+            updates, state = optimizer.update(grad, state, current)
+            current = optax.apply_updates(current, updates)
+        else:
+            current = _scaled_theta(current, kind, 0.5)
+        current, frac = project(current)
+    # The best iterate seen (optax steps need not decrease the objective monotonically).
+    best = int(np.nanargmin(history["objective"])) if np.isfinite(history["objective"]).any() else len(history["objective"]) - 1
+    tuned_theta = thetas[best]
+    tuned = _with_theta(field, tuned_theta, kind, tune_metric)
+    held_before = held_after = None
+    fraction = history["stability_fraction"][best]
+    if held is not None:
+        held_refs = obj.references(field, held)
+        held_before = float(evaluate(theta, held, held_refs)[0])
+        held_after = float(evaluate(tuned_theta, held, held_refs)[0])
+        if math.isfinite(bound):
+            fraction = max(fraction, dt * float(rate_at(tuned_theta, held)) / bound)
+    history = {k: np.asarray(v) for k, v in history.items()}
+    return TuningResult(
+        field=tuned,
+        gains=np.asarray(tuned.gains),
+        metric=None if not tune_metric else np.asarray(tuned.metric),
+        initial_gains=np.asarray(history["gains"][0]),
+        history=history,
+        objective_before=float(history["objective"][0]),
+        objective_after=float(history["objective"][best]),
+        held_out_before=held_before,
+        held_out_after=held_after,
+        stability_fraction=float(fraction),
+        objective=obj.name,
+        method=method,
+        dt=float(dt),
+        steps=int(steps),
+    )
