@@ -135,7 +135,7 @@ def test_rigid_body_feedback_field_is_bae_changs(rng):
         r, pi = x[:9].reshape(3, 3), x[9:]
         return rigid_reference(r, pi / inertia, inertia, 50.0, 100.0, 50.0, f0[0], f0[1:4])
 
-    r_dot, omega_dot = jax.vmap(reference)(xs)
+    r_dot, omega_dot = jax.jit(jax.vmap(reference))(xs)
     paper = geomjax.feedback_field(model.system, model.x0, model.gains, model.metric)
     _close(jax.jit(jax.vmap(paper))(xs), jnp.concatenate([r_dot.reshape(-1, 9), inertia * omega_dot], axis=1))
 
@@ -149,7 +149,7 @@ def test_rigid_body_feedback_field_is_bae_changs(rng):
         _, with_v = rigid_reference(r, omega, inertia, 50.0, 100.0, 50.0, f0[0], f0[1:4])
         return inertia * free + (with_v - free) / inertia
 
-    _close(jax.jit(jax.vmap(plain))(xs)[:, 9:], jax.vmap(identity_reference)(xs))
+    _close(jax.jit(jax.vmap(plain))(xs)[:, 9:], jax.jit(jax.vmap(identity_reference))(xs))
     _close(jax.jit(jax.vmap(plain))(xs)[:, :9], r_dot.reshape(-1, 9))
     # V includes k₀/4‖RᵀR − I‖² (the embedding term, gain last).
     x = xs[0]
@@ -235,11 +235,13 @@ def test_feedback_paper_experiment_runs(tmp_path):
     from geomjax.experiments import feedback_paper
 
     setup = feedback_paper.SETUPS["perturbed-kepler"]
-    metrics = feedback_paper.run_setup(setup, tmp_path, False, hs=(0.1, 0.01), t_final=2.0)
+    methods = ("feedback Euler", "Stormer-Verlet", "RK4")
+    metrics = feedback_paper.run_setup(setup, tmp_path, False, hs=(0.1, 0.01), t_final=2.0, methods=methods)
     rows = {(r["method"], r["h"]): r for r in metrics["summary"]}
     assert rows[("feedback Euler", 0.1)]["status"].startswith("diverged")  # past the step limit
     assert rows[("feedback Euler", 0.01)]["status"] == "ok"
     assert rows[("Stormer-Verlet", 0.01)]["max|dL|"] < 1e-12
     assert rows[("RK4", 0.01)]["max|dE|"] < rows[("feedback Euler", 0.01)]["max|dE|"]
+    assert 0.018 < metrics["setup"]["feedback_euler_step_limit_min_along_orbit"] < 0.02
     for name in metrics["figures"]:
         assert (tmp_path / name).stat().st_size > 10_000
