@@ -153,7 +153,7 @@ def test_rigid_body_feedback_field_is_bae_changs(rng):
     _close(jax.jit(jax.vmap(plain))(xs)[:, :9], r_dot.reshape(-1, 9))
     # V includes k₀/4‖RᵀR − I‖² (the embedding term, gain last).
     x = xs[0]
-    r, pi = x[:9].reshape(3, 3), x[9:]
+    r = x[:9].reshape(3, 3)
     d = np.asarray(model.system.conserved_quantities(x)) - f0
     defect = np.asarray(r.T @ r - jnp.eye(3))
     v = 50.0 / 4 * np.sum(defect**2) + 100.0 / 2 * d[0] ** 2 + 50.0 / 2 * np.sum(d[1:4] ** 2)
