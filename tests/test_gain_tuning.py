@@ -105,8 +105,9 @@ def test_rule_of_thumb_and_the_accuracy_warning_for_feedback_rk4():
 
 
 def test_adaptive_gain_matches_its_definition_on_a_known_lyapunov_function():
-    # Harmonic oscillator, F = (H): V = k/2 (H − H₀)², ∇V = k(H − H₀)∇H,
-    # ∇²V = k(∇H∇Hᵀ + (H − H₀)I) (∇²H = I), α = 1/(h·max(floor, c‖∇²V‖_F)).
+    # Harmonic oscillator, F = (H): V = k/2 (H − H₀)², ∇V = k(H − H₀)∇H, and on the
+    # invariant set ∇²V = k∇H∇Hᵀ = DFᵀKDF, whose Frobenius norm is k|∇H|²:
+    # α = 1/(h·max(floor, c·k|∇H|²)).
     system = geomjax.System(lambda x: 0.5 * jnp.sum(x * x), geomjax.canonical(1))
     x0 = jnp.array([1.0, 0.0])
     k, h, c = 3.0, 0.05, 1.1
@@ -115,11 +116,20 @@ def test_adaptive_gain_matches_its_definition_on_a_known_lyapunov_function():
     x = jnp.array([0.9, 0.3])
     dH = x
     dev = 0.5 * jnp.sum(x * x) - 0.5
-    hess = k * (jnp.outer(dH, dH) + dev * jnp.eye(2))
-    alpha = 1.0 / (h * c * jnp.sqrt(jnp.sum(hess * hess)))
+    alpha = 1.0 / (h * c * k * jnp.sum(dH * dH))
     assert float(A.scale(x)) == pytest.approx(float(alpha), rel=1e-13)
+    on_set = x0
+    assert float(jnp.sqrt(jnp.sum(jax.hessian(Y.lyapunov)(on_set) ** 2))) == pytest.approx(k * float(on_set @ on_set), rel=1e-13)
     expected = jnp.array([x[1], -x[0]]) - alpha * k * dev * dH
     np.testing.assert_allclose(np.asarray(A(x)), np.asarray(expected), rtol=1e-13)
+    # On an embedded group (k₀/4‖RᵀR − I‖² in V, a matrix metric) the Gauss–Newton
+    # Hessian the rule uses is ∇²V on the invariant set.
+    from geomjax._field.adaptive_gain import gauss_newton_hessian
+
+    body = geomjax.models.rigid_body()
+    R = geomjax.feedback_field(body.system, body.x0, body.gains, body.metric)
+    np.testing.assert_allclose(np.asarray(gauss_newton_hessian(R, body.x0)), np.asarray(jax.hessian(R.lyapunov)(body.x0)),
+                               atol=1e-12 * float(jnp.abs(jax.hessian(R.lyapunov)(body.x0)).max()))
     # h·α·λ_max ≤ 1/c along the way, where fixed gains past the bound diverge.
     fixed = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, 50.0)
     h = 2e-2

@@ -18,14 +18,32 @@ def scale_gains(field, factor):
     return field
 
 
-def lipschitz_estimate(feedback: AbstractFeedbackField, x, safety=1.0):
-    """L̂(x) = c·‖L∇²V(x)‖_F, an upper estimate of the local Lipschitz constant of L∇V.
-
-    The Frobenius norm bounds the spectral norm ‖L∇²V‖₂ = λ_max from above (Bae & Chang
-    use it as the cheap estimate); `safety` is their factor c (1.1 in their code).
-    """
+def gauss_newton_hessian(feedback: AbstractFeedbackField, x):
+    """DFᵀKDF (+ k₀/2·DDᵀDD on an embedded group): the Hessian of V without its terms in
+    F − F₀, which vanish on the invariant set (there it is ∇²V exactly). One Jacobian of F
+    (and of the embedding defect D) instead of a Hessian of V."""
     x = jnp.asarray(x)
-    hess = jax.hessian(feedback.lyapunov)(x)
+    jac = jax.jacfwd(feedback.quantities)(x)
+    k = feedback.gains
+    hess = jac.T @ ((k[:, None] * jac) if k.ndim == 1 else (k @ jac))
+    k0 = getattr(feedback, "embedding_gain", None)
+    if k0 is not None:
+        structure = feedback.system.structure
+        defect = lambda y: structure.embedding_defect(feedback.split(y)[0]).reshape(-1)
+        jd = jax.jacfwd(defect)(x)
+        hess = hess + 0.5 * k0 * (jd.T @ jd)
+    return hess
+
+
+def lipschitz_estimate(feedback: AbstractFeedbackField, x, safety=1.0):
+    """L̂(x) = c·‖L·DFᵀKDF(x)‖_F, an upper estimate of the Lipschitz constant of L∇V near
+    the invariant set.
+
+    DFᵀKDF is ∇²V on the invariant set (`gauss_newton_hessian`), and the Frobenius norm
+    bounds the spectral norm λ_max from above: Bae & Chang's cheap estimate (their code
+    evaluates the same matrix in closed form); `safety` is their factor c (1.1 there).
+    """
+    hess = gauss_newton_hessian(feedback, x)
     metric = feedback.metric
     if metric is not None:
         ell = metric(x) if callable(metric) else metric
@@ -34,12 +52,13 @@ def lipschitz_estimate(feedback: AbstractFeedbackField, x, safety=1.0):
 
 
 class AdaptiveFeedbackField(AbstractFeedbackField):
-    """Y(x) = X(x) − α(x)·L∇V(x),  α(x) = 1 / (h·max(L_min, c‖L∇²V(x)‖_F)).
+    """Y(x) = X(x) − α(x)·L∇V(x),  α(x) = 1 / (h·max(L_min, c‖L·DFᵀKDF(x)‖_F)).
 
     The adaptive-gain rule of Bae & Chang ("Feedback Integrators Revisited",
     arXiv:2512.01528): the feedback term of a feedback field is scaled so that one
     explicit-Euler step of size h removes at most a fraction 1/c of the deviation along
-    the stiffest direction (h·α·λ_max ≤ 1/c, since λ_max ≤ ‖·‖_F), which is the scaling
+    the stiffest direction (h·α·λ_max ≤ 1/c near the invariant set, where ∇²V = DFᵀKDF,
+    since λ_max ≤ ‖·‖_F), which is the scaling
     that minimises their Taylor bound for feedback Euler. L̂ is re-estimated at every
     evaluation (their stepwise variant); their periodic variant holds it over a time
     window. Built by `AbstractFeedbackField.adaptive`; behaves as the wrapped feedback
@@ -90,7 +109,7 @@ class AdaptiveFeedbackField(AbstractFeedbackField):
         return eqx.tree_at(lambda f: f.feedback, self, self.feedback.at_start(z0))
 
     def scale(self, x):
-        """α(x) = 1 / (h·max(L_min, c‖L∇²V(x)‖_F)) at the flat state `x`."""
+        """α(x) = 1 / (h·max(L_min, c‖L·DFᵀKDF(x)‖_F)) at the flat state `x`."""
         estimate = lipschitz_estimate(self.feedback, x, self.safety)
         return 1.0 / (self.dt * jnp.maximum(self.floor, estimate))
 

@@ -203,7 +203,8 @@ class AbstractFeedbackField(SystemField):
 
     def adaptive(self, dt, *, safety: float = 1.1, floor: float = 1e-10):
         """This field with Bae & Chang's adaptive gain: Y = X − α(x)L∇V with
-        α(x) = 1/(h·max(floor, c‖L∇²V(x)‖_F)), h = `dt` the step it will be run with and
+        α(x) = 1/(h·max(floor, c‖L·DFᵀKDF(x)‖_F)) (∇²V on the invariant set), h = `dt` the
+        step it will be run with and
         c = `safety` (see `geomjax.AdaptiveFeedbackField`).
 
         Example (Kepler-like use: the gains only set the weights, α sets the strength):

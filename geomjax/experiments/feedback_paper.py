@@ -118,7 +118,7 @@ def _max_errors(step, x0, h, n, measures):
 
 @dataclass(frozen=True)
 class Scheme:
-    """A method of the comparison: `make(model) -> step` (a geomjax step)."""
+    """A method of the comparison: `make(model, h) -> step` (a geomjax step; most ignore h)."""
 
     name: str
     description: str
@@ -144,15 +144,20 @@ class Setup:
     notes: str = ""
 
 
-def _feedback(model):
+def _feedback(model, h=None):
     return geomjax.feedback_field(model.system, model.x0, model.gains, model.metric)
 
 
+def _adaptive(model, h):
+    """Bae & Chang's adaptive gain on the paper's V: α(x) = 1/(h·1.1‖L∇²V(x)‖_F)."""
+    return _feedback(model).adaptive(dt=h)
+
+
 def _rk(field_of, tableau):
-    return lambda model: geomjax.explicit_rk(field_of(model), tableau)
+    return lambda model, h: geomjax.explicit_rk(field_of(model, h), tableau)
 
 
-def _hamiltonian_field(model):
+def _hamiltonian_field(model, h=None):
     return geomjax.dirac_field(model.system)  # no constraints: the Hamiltonian field B∇H
 
 
@@ -165,7 +170,7 @@ def _invariant_set_constraints(hamiltonian, x):
     return jnp.concatenate([jnp.atleast_1d(hamiltonian(x)), r @ x[9:], upper])
 
 
-def _projected_euler(model):
+def _projected_euler(model, h=None):
     hamiltonian = model.system.hamiltonian
     constraints = jax.tree_util.Partial(_invariant_set_constraints, hamiltonian)
     target = geomjax.System(hamiltonian, model.system.structure, constraints=constraints)
@@ -173,12 +178,12 @@ def _projected_euler(model):
     return geomjax.project(euler, target, level=constraints(model.x0))
 
 
-def _rigid_splitting(model):
+def _rigid_splitting(model, h=None):
     r1, r2, r3 = geomjax.models.rigid_body_flows(model)
     return geomjax.strang(r3, geomjax.strang(r2, r1))
 
 
-def _verlet(model):
+def _verlet(model, h=None):
     drift, kick = geomjax.models.kepler_flows(model)
     return geomjax.strang(kick, drift)
 
@@ -191,6 +196,12 @@ RIGID_SCHEMES = (
         "explicit Euler on Y = X - L grad V, V = k0/4|R^T R - I|^2 + k1/2 (E - E0)^2 + k2/2 |R I Omega - Pi0|^2, "
         "(k0, k1, k2) = (50, 100, 50), L = diag(1 (R), I^2 (Pi)): the gradient in (R, Omega) as in the paper",
         _rk(_feedback, geomjax.EULER),
+    ),
+    Scheme(
+        "adaptive feedback Euler",
+        "explicit Euler on Y = X - alpha(x) L grad V, alpha = 1/(h max(1e-10, 1.1 |L hess V(x)|_F)) "
+        "(Bae and Chang's adaptive gain, re-estimated at every step; field.adaptive(dt=h)), the paper's V",
+        _rk(_adaptive, geomjax.EULER),
     ),
     Scheme(
         "Euler + projection",
@@ -213,6 +224,12 @@ RIGID_SCHEMES = (
 KEPLER_SCHEMES = (
     Scheme("feedback Euler", "explicit Euler on Y = X - grad V with the paper's gains (model.gains)", _rk(_feedback, geomjax.EULER)),
     Scheme("feedback RK4", "classical RK4 on Y = X - grad V with the paper's gains", _rk(_feedback, geomjax.RK4)),
+    Scheme(
+        "adaptive feedback Euler",
+        "explicit Euler on Y = X - alpha(x) L grad V, alpha = 1/(h max(1e-10, 1.1 |L hess V(x)|_F)) "
+        "(Bae and Chang's adaptive gain, re-estimated at every step; field.adaptive(dt=h)), the paper's V",
+        _rk(_adaptive, geomjax.EULER),
+    ),
     Scheme(
         "Stormer-Verlet",
         "velocity Stormer-Verlet: half kick, drift, half kick (geomjax.strang(kick, drift) of models.kepler_flows), "
@@ -408,7 +425,7 @@ def _code_name(code: int) -> str:
 def _sweep_h(scheme: Scheme, model, measures, hs, t_end, names, progress):
     """Every h for one method (one compilation): the summary rows and the (len(hs), k)
     errors (inf: diverged; NaN: skipped, over the method's step budget)."""
-    step = scheme.make(model)
+    step = scheme.make(model, hs[0])
     start = time.perf_counter()
     jax.block_until_ready(_max_errors(step, model.x0, jnp.asarray(hs[0]), jnp.asarray(1), measures))
     compile_s = time.perf_counter() - start
@@ -421,6 +438,7 @@ def _sweep_h(scheme: Scheme, model, measures, hs, t_end, names, progress):
             rows.append({**row, **{f"max|d{q}|": None for q in names}, "run [s]": None, "ns/step": None,
                          "status": f"skipped (> {scheme.max_steps:.0e} steps)"})
             continue
+        step = scheme.make(model, h)  # the same compiled loop: h only enters as array leaves
         start = time.perf_counter()
         worst, _, code = jax.block_until_ready(_max_errors(step, model.x0, jnp.asarray(h), jnp.asarray(n), measures))
         run_s = time.perf_counter() - start
@@ -481,7 +499,7 @@ def run_setup(setup: Setup, out_dir: pathlib.Path, progress: bool, hs=None, t_fi
     n_trace = save_every * max(1, n_trace // save_every)
     series, checks, trace_xs = {}, {}, {}
     for scheme in schemes:
-        step = scheme.make(model)
+        step = scheme.make(model, trace_h)
         sol = geomjax.integrate(step, model.x0, dt=trace_h, steps=n_trace, save_every=save_every, drift_tol=None, throw=False)
         series[scheme.name] = np.asarray(jax.jit(jax.vmap(measures))(sol.xs))
         checks[scheme.name] = default_check(step, sol, save_every)
@@ -506,7 +524,7 @@ def run_setup(setup: Setup, out_dir: pathlib.Path, progress: bool, hs=None, t_fi
     span = model.period if model.period is not None else min(t_end, 20.0)
     fine = trace_h / 10
     n_fine = 1000 * max(1, int(round(span / fine / 1000)))
-    ref = geomjax.integrate(_rk(_hamiltonian_field, geomjax.RK4)(model), model.x0, dt=span / n_fine, steps=n_fine,
+    ref = geomjax.integrate(_rk(_hamiltonian_field, geomjax.RK4)(model, None), model.x0, dt=span / n_fine, steps=n_fine,
                             save_every=n_fine // 1000, drift_tol=None)
     limits = np.asarray(jax.jit(jax.vmap(y.euler_step_limit))(ref.xs))
     limit_min = float(limits.min())
