@@ -93,9 +93,10 @@ def test_holonomic_start_off_the_constraint_set():
 @pytest.mark.parametrize(
     "gains, pattern",
     [
-        (-50.0, "positive"),
-        (0.0, "positive"),
-        ([50.0, -1.0, 50.0, 50.0], r"positive.*\[1\]"),
+        (-50.0, "non-negative"),
+        (0.0, "positive entry"),
+        ([0.0, 0.0, 0.0, 0.0], "positive entry"),
+        ([50.0, -1.0, 50.0, 50.0], r"non-negative.*\[1\]"),
         ([50.0, 50.0, 50.0], "3 entries.*4"),
         ([50.0, np.nan, 50.0, 50.0], "finite"),
         (np.diag([1.0, 2.0, -3.0, 4.0]), "positive definite"),

@@ -186,9 +186,11 @@ ROWS = [
      ACCEPTED),
     # ---------------------------------------------------------------- gains and metrics
     ("gain-zero", "gains = 0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=0.0),
-     raises(ValueError, "gains must be positive")),
+     raises(ValueError, "gains must include a positive entry")),
     ("gain-negative", "gains = −1", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=-1.0),
-     raises(ValueError, "gains must be positive")),
+     raises(ValueError, r"gains must be non-negative.*\[0, 1, 2, 3\]")),
+    ("gain-some-zero", "gains (0, 0, 50, 50): some zero", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=[0.0, 0.0, 50.0, 50.0]),
+     ACCEPTED),
     ("gain-nan", "gains = NaN", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=np.nan),
      raises(ValueError, "gains must be finite")),
     ("gain-nonsymmetric", "non-symmetric gain matrix", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=SQUARE),

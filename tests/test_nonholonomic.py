@@ -222,7 +222,7 @@ def test_feedback_gains_and_start_are_checked():
     model = models.knife_edge()
     with pytest.raises(ValueError, match="one gain per entry"):
         geomjax.feedback_field(model.system, model.x0, gains=[1.0, 2.0])
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="non-negative"):
         geomjax.feedback_field(model.system, model.x0, gains=[1.0, -2.0, 1.0])
     off = model.x0.at[3].set(0.5).at[4].set(0.5)  # lateral velocity ≠ 0
     with pytest.raises(ValueError, match="off the constraint set"):

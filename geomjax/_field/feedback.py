@@ -37,9 +37,14 @@ def _gain_array(gains, m: int):
         kn = np.asarray(k)
         if not np.all(np.isfinite(kn)):
             raise ValueError("gains must be finite")
-        if kn.ndim == 1 and np.any(kn <= 0):
-            bad = np.flatnonzero(kn <= 0).tolist()
-            raise ValueError(f"gains must be positive; entries {bad} are {kn[bad].tolist()}")
+        if kn.ndim == 1 and np.any(kn < 0):
+            bad = np.flatnonzero(kn < 0).tolist()
+            raise ValueError(
+                f"gains must be non-negative (a zero gain leaves that quantity out of V); "
+                f"entries {bad} are {kn[bad].tolist()}"
+            )
+        if kn.ndim == 1 and not np.any(kn > 0):
+            raise ValueError("gains must include a positive entry: with all gains zero, V = 0 and there is no feedback")
         if kn.ndim == 2:
             if not np.allclose(kn, kn.T):
                 raise ValueError("the gain matrix K must be symmetric")
@@ -49,6 +54,36 @@ def _gain_array(gains, m: int):
                     f"{np.linalg.eigvalsh(kn).min():.3g}"
                 )
     return k
+
+
+def has_embedding(structure) -> bool:
+    """True for a structure whose configuration piece lies in an embedded group
+    (`left_trivialised_so3/se2`): its feedback fields add k₀/4‖D‖² to V."""
+    return bool(structure.embedded) and structure.nonholonomic_layout == "pair"
+
+
+def embedding_potential(structure, z):
+    """¼‖D‖² at the state `z` (in pieces), D the structure's embedding defect of the
+    configuration piece (RᵀR − I for SO(3), cos² + sin² − 1 for SE(2))."""
+    d = structure.embedding_defect(z[0]).reshape(-1)
+    return 0.25 * jnp.dot(d, d)
+
+
+def split_gains(gains, m: int, embedded: bool, quantities: str):
+    """`(K, k₀)`: the gains over the m entries of F (`quantities` names them in messages)
+    and, for an embedded structure, the last gain k₀ of k₀/4‖D‖² (else None)."""
+    if not embedded:
+        return _gain_array(gains, m), None
+    g = host_array(gains) if is_concrete(gains) else jnp.asarray(gains, dtype=jnp.float64)
+    if g.ndim == 0:
+        g = host_array(np.full((m + 1,), np.asarray(g))) if is_concrete(g) else jnp.full((m + 1,), g)
+    elif g.ndim != 1 or g.shape[0] != m + 1:
+        raise ValueError(
+            f"gains for an embedded structure: a scalar or a vector of {m + 1} gains (one per entry "
+            f"of F = {quantities}, {m} here, then k₀ for k₀/4‖D‖²); got shape {tuple(g.shape)}"
+        )
+    k_all = _gain_array(g, m + 1)
+    return k_all[:m], k_all[m]
 
 
 def _require_spd(ell: np.ndarray, what: str) -> None:
@@ -126,8 +161,12 @@ class AbstractFeedbackField(SystemField):
             )
 
     def extra_potential(self, x):
-        """A potential added to V (zero here; embedded groups add k₀/4‖D‖²)."""
-        return jnp.zeros((), jnp.asarray(x).dtype)
+        """The potential added to V: k₀/4‖D‖² on an embedded group (D the embedding
+        defect; k₀ the field's `embedding_gain`, where a subclass has one), else zero."""
+        k0 = getattr(self, "embedding_gain", None)
+        if k0 is None:
+            return jnp.zeros((), jnp.asarray(x).dtype)
+        return k0 * embedding_potential(self.system.structure, self.split(jnp.asarray(x)))
 
     def _weights(self, deviation):
         if self.gains.ndim == 1:
@@ -196,13 +235,15 @@ class AbstractFeedbackField(SystemField):
 
 
 class FeedbackField(AbstractFeedbackField):
-    """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6)."""
+    """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6);
+    on an embedded group V also has k₀/4‖D‖² (`embedding_gain` k₀)."""
 
     system: System
     target: jax.Array | None
     gains: jax.Array
     metric: object
     pinned: bool = eqx.field(static=True, default=False)
+    embedding_gain: jax.Array | None = None
 
     def check(self, x0) -> None:
         check_constraint_matrix(self.system, x0)
@@ -235,6 +276,9 @@ class FeedbackField(AbstractFeedbackField):
             grad_v = jax.tree_util.tree_map(jnp.add, grad_v, stacked_combination(w[:m], data.grads))
         if n_int:
             grad_v = jax.tree_util.tree_map(jnp.add, grad_v, i_vjp(w[m + 1 :])[0])
+        if self.embedding_gain is not None:
+            grad_d = jax.grad(lambda u: embedding_potential(s, u))(z)
+            grad_v = jax.tree_util.tree_map(lambda a, b: a + self.embedding_gain * b, grad_v, grad_d)
         return jax.tree_util.tree_map(jnp.subtract, x, self._apply_metric(z, grad_v))
 
 
@@ -290,8 +334,9 @@ def feedback_field(
 
     For a nonholonomic system (`System(..., nonholonomic=omega)`, seed 001) X is the
     extended field `geomjax.nonholonomic_field(system)` and F = (J, H_ext, integrals) with
-    target J = 0; on an embedded group (`left_trivialised_so3/se2`) V also gets k₀/4‖D‖²
-    (D = RᵀR − I or cos² + sin² − 1), k₀ being one extra, last gain.
+    target J = 0. On an embedded group (`left_trivialised_so3/se2`), with or without
+    constraints, V also gets k₀/4‖D‖² (D = RᵀR − I or cos² + sin² − 1), k₀ being one
+    extra, last gain.
 
     **Arguments:**
 
@@ -300,8 +345,10 @@ def feedback_field(
       checked (on the constraint set, C invertible). Optional. `geomjax.integrate` always
       takes F₀ from the run's own initial state, so one field serves many initial states
       (`jax.vmap` over x0 included).
-    - `gains`: K as a positive scalar (K = kI), a vector with one positive gain per entry
-      of F, or a symmetric positive-definite matrix.
+    - `gains`: K as a positive scalar (K = kI), a vector with one gain ≥ 0 per entry of F
+      (at least one positive; a zero leaves that quantity out of V, e.g. H when the
+      other integrals already fix it), or a symmetric positive-definite matrix. On an
+      embedded group: a scalar or a vector with one more entry, k₀, last.
     - `metric`: L, the identity if `None`; or a positive scalar, an SPD `(dim, dim)` matrix,
       or a callable `x ↦ L(x)` (checked at x0).
     - `target`: pin F₀ to these values for every run (e.g. an energy level other than
@@ -331,7 +378,7 @@ def feedback_field(
 
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
     if gains is None:
-        raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
+        raise TypeError("feedback_field needs gains: a positive scalar, one ≥ 0 per entry of F, or an SPD matrix")
     start = None
     if x0 is not None and is_concrete(x0):
         x0 = as_state(x0, system.dim)
@@ -342,7 +389,7 @@ def feedback_field(
     if start is not None:
         check_constraint_matrix(system, x0, matrix=start[1])
         check_on_constraint_set(system, x0, START_TOL, residuals=start[2])
-    k = _gain_array(gains, m)
+    k, k_emb = split_gains(gains, m, has_embedding(system.structure), "(f, H, integrals)")
     metric = _check_metric(metric, x0, system.dim)
-    return FeedbackField(system, target, k, metric, pinned)
+    return FeedbackField(system, target, k, metric, pinned, embedding_gain=k_emb)
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .feedback import AbstractFeedbackField, _check_metric, _gain_array, resolve_target
+from .feedback import AbstractFeedbackField, _check_metric, embedding_potential, has_embedding, resolve_target, split_gains
 from .._monitored import START_TOL, check_on_constraint_set
 from .base import SystemField
 from ..internal.simplify import MAX_INPUTS
@@ -116,8 +116,7 @@ def _extended_field(system, z, weights=None, embedding_gain=None):
         if weights is not None and system.integrals:
             pieces.append(_integrals(system, w))
         if with_defect:
-            dd = s.embedding_defect(w[0]).reshape(-1)
-            pieces.append((0.25 * jnp.dot(dd, dd))[None])
+            pieces.append(embedding_potential(s, w)[None])
         return jnp.concatenate(pieces)
 
     def combined(w):
@@ -322,12 +321,6 @@ class NonholonomicFeedbackField(AbstractFeedbackField):
         """(0, H_ext(x0), I(x0)): the constraint momenta are held at zero."""
         return self.quantities(x0).at[: _constraint_count(self.system)].set(0.0)
 
-    def extra_potential(self, x):
-        if self.embedding_gain is None:
-            return super().extra_potential(x)
-        dd = self.system.structure.embedding_defect(self.split(x)[0]).reshape(-1)
-        return 0.25 * self.embedding_gain * jnp.sum(dd * dd)
-
     def vector(self, z):
         self._require_target()
         weights = lambda f: self._weights(f - self.target)
@@ -348,37 +341,22 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, targe
     F = (J, H_ext, integrals) with target (0, H_ext(x0), I(x0)), V = ½ΔᵀKΔ (+ k₀/4‖D‖²
     when the structure is embedded, k₀ the last gain), Y = X − L∇V, X the extended field.
 
-    `gains`: a positive scalar, or one positive gain per entry of F (then one more, k₀, for
-    an embedded structure), or an SPD matrix over F (structures without embedding).
+    `gains`: a positive scalar, or one gain ≥ 0 per entry of F, at least one positive (then
+    one more, k₀, for an embedded structure), or an SPD matrix over F (structures without
+    embedding).
     Explicit Euler is stable near the invariant set only for h·λ_max(L∇²V) < 2 (see
     `NonholonomicFeedbackField.euler_step_limit`).
     """
     _require(system)
     if gains is None:
-        raise TypeError("feedback_field needs gains: a positive scalar, one per entry of F, or an SPD matrix")
+        raise TypeError("feedback_field needs gains: a positive scalar, one ≥ 0 per entry of F, or an SPD matrix")
     k = _constraint_count(system)
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
-    embedded = system.structure.nonholonomic_layout == "pair" and system.structure.embedded
     if x0 is not None and is_concrete(x0):
         check_matrix(system, x0)
         check_on_constraint_set(system, x0, START_TOL)
-    g = jnp.asarray(gains, dtype=jnp.float64)
-    if embedded:
-        if g.ndim == 0:
-            k_all = jnp.full((m + 1,), g)
-        elif g.ndim == 1 and g.shape[0] == m + 1:
-            k_all = g
-        else:
-            raise ValueError(
-                f"gains for an embedded structure: a scalar or a vector of {m + 1} positive gains "
-                f"(one per entry of F = (J, H_ext, integrals), {m} here, then k₀ for k₀/4‖D‖²); "
-                f"got shape {tuple(g.shape)}"
-            )
-        k_all = _gain_array(k_all, m + 1)
-        k_main, k_emb = k_all[:m], k_all[m]
-    else:
-        k_main, k_emb = _gain_array(g, m), None
+    k_main, k_emb = split_gains(gains, m, has_embedding(system.structure), "(J, H_ext, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return NonholonomicFeedbackField(system, target, k_main, k_emb, metric, pinned)

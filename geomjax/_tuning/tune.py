@@ -12,6 +12,7 @@ import optax
 
 from .._driver.grid import zipped
 from .._driver.sweep import sweep
+from .._field.adaptive_gain import scale_gains
 from .._field.feedback import AbstractFeedbackField
 from .._validate import as_state
 from .stability import feedback_rate, stability_interval, without_feedback
@@ -328,10 +329,11 @@ def tune_gains(
     K = e^s K₀ (`gains="scalar"`), one e^{θᵢ} per entry of F (`"vector"`; zero gains stay
     zero), or K = CCᵀ with C lower triangular with a log diagonal (`"matrix"`); a tuned
     metric is diagonal (e^μ) or Cholesky-parametrised (`tune_metric="diagonal"/"full"`).
-    Stability is a constraint: at the start and after every update the gains are scaled
-    down, where needed, so that h·λ_max(L∇²V) ≤ `stability`·β at every training state,
-    β the method's stability interval (`geomjax.stability_interval`; λ_max is linear in
-    K, so the projection is exact). A member that fails counts as the worst finite one
+    Stability is a constraint, h·λ_max(L∇²V) ≤ `stability`·β at every training state,
+    β the method's stability interval (`geomjax.stability_interval`): the objective is
+    evaluated at the gains scaled onto the bound where they exceed it (λ_max is linear
+    in K, so the scaling is exact, and the gradient sees the constraint), and after every
+    update the parameters are scaled back into the set. A member that fails counts as the worst finite one
     plus 2 decades; an update whose gradient is not finite is replaced by halving the
     gains. The result is the best iterate.
 
@@ -384,8 +386,18 @@ def tune_gains(
     bound = stability_interval(method)
     obj = _objective(objective, dt=dt, steps=steps, method=method, save_every=save_every, checkpoint=checkpoint)
 
+    def feasible(theta, states):
+        # The stability constraint inside the parametrisation: gains past the bound at
+        # any training start are scaled onto it, so the gradient sees the constraint
+        # (raising every gain at once changes nothing; changing their ratios does).
+        tuned = _with_theta(field, theta, kind, tune_metric)
+        if not math.isfinite(bound):
+            return tuned
+        lam = jnp.max(jax.vmap(lambda x: feedback_rate(tuned.at_start(tuned.split(x)), x))(states))
+        return scale_gains(tuned, jnp.minimum(1.0, stability * bound / (dt * lam)))
+
     def loss(theta, states, refs):
-        values, ok = obj.members(_with_theta(field, theta, kind, tune_metric), states, refs)
+        values, ok = obj.members(feasible(theta, x0s), states, refs)
         # A failed member counts as the worst finite one plus two decades (no gradient).
         worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
         return jnp.mean(jnp.where(ok, values, worst + 2.0)), jnp.sum(~ok)

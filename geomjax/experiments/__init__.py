@@ -36,6 +36,7 @@ _MODULES = (
     "damped_foucault",
     "pendulum_dirac",
     "ziegler",
+    "feedback_paper",
     "gain_tuning",
 )
 

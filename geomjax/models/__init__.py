@@ -11,6 +11,14 @@ from ._nonholonomic import (
     vertical_disk as vertical_disk,
 )
 from ._nonholonomic_groups import chaplygin_sleigh as chaplygin_sleigh, roller_racer as roller_racer, suslov as suslov
+from ._feedback_paper import (
+    FeedbackModel as FeedbackModel,
+    kepler as kepler,
+    kepler_flows as kepler_flows,
+    perturbed_kepler as perturbed_kepler,
+    rigid_body as rigid_body,
+    rigid_body_flows as rigid_body_flows,
+)
 from ._damped import DampedModel as DampedModel, damped_foucault as damped_foucault, damped_oscillator as damped_oscillator
 from ._dirac import (
     LagrangianModel as LagrangianModel,
