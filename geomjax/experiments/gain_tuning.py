@@ -18,7 +18,9 @@ set for `geomjax.tune_gains` and a held-out set (other seeds) for every number r
   Compared with Störmer–Verlet (velocity form, `strang(kick, drift)` of
   `models.kepler_flows`).
 
-Gains, for each problem and method (`euler`, `rk4`), at the step h₀ of the problem:
+Gains, for each problem and method (`euler`, `rk4`), at the step h₀ = 1e−3 of the
+problem, over t ∈ [0, T] (T = 1 for the pendulums, 3 for Kepler; `Settings.horizon`
+scales T):
 
 - `paper`: the fixed gains above;
 - `adaptive`: Bae & Chang's α(x) = 1/(h·1.1‖∇²V‖_F) on the paper's gains
@@ -26,44 +28,51 @@ Gains, for each problem and method (`euler`, `rk4`), at the step h₀ of the pro
   (h·α·λ_max ≤ 1/1.1); with RK4 it is run as it is (a feedback rate about 1/h, far above
   the dynamics' rate, which `check_gains` says costs a high-order method accuracy);
 - `recommended`: `geomjax.recommended_gains` of the paper field on the training states
-  (h·λ_max = 1 for Euler, λ_max = ‖DX‖/10 for RK4);
-- `tuned`: `geomjax.tune_gains` from the paper's gains on the training states (one gain
-  per entry of F, the "invariants" objective, Adam, the default stability projection at
-  0.9 of the stability interval on the training states);
+  (h·λ_max = 1 for Euler, λ_max = ‖DX‖/10 for RK4), computed from one `check_gains`;
+- `tuned`: `geomjax.tune_gains` from the paper's gains on 8 training states (one gain per
+  entry of F, the "invariants" objective over the same T, `optax.adam(0.5)`, 30
+  iterations, the library's stability constraint at 0.9 of the interval on the training
+  states; the best iterate);
 - `none` (baseline): zero gains, the method on X without feedback.
 
-Held-out objectives (`metrics["held_out"]`): `geomjax.feedback_objective`'s two built-in
-objectives on the held-out states at h₀, over t ∈ [0, T], 10 saves: "invariants" =
-mean over the states of log₁₀ RMS_saves ‖F(x) − F(x₀)‖₂, "reference" = mean of log₁₀
-RMS_saves ‖x − x_ref‖₂ with x_ref the run of X (no feedback) by RK4 at h₀/8. They are
-computed here by one compiled loop per problem, method and kind of field (gains, step
-size and number of steps traced), the same arithmetic as `feedback_objective`, which is
-checked against `TuningResult.held_out_after` (computed by the library) for every tuned
-variant; `tests/test_gain_tuning_experiment.py` checks it against `feedback_objective`.
-A held-out run that turns non-finite is "failed": the variant's value is then null in
-the JSON (`feedback_objective` returns inf) and `held_out_failed` counts the failures.
+Held-out objectives (`metrics["held_out"]`, on 16 held-out states): the two built-in
+objectives of `geomjax.feedback_objective` at h₀ with its default 10 saves:
+"invariants" = mean over the states of log₁₀ RMS_saves ‖F(x) − F(x₀)‖₂, "reference"
+(`metrics["held_out_reference"]`) = mean of log₁₀ RMS_saves ‖x − x_ref‖₂ with x_ref the
+run of X (no feedback) by RK4 at h₀/8. They are computed here by one compiled loop per
+problem, method and kind of field (gains, step size and number of steps traced) over the
+held-out and the training states at once, with the arithmetic of `feedback_objective`:
+the training objective of the tuned gains is compared with `TuningResult.objective_after`
+(computed by the library) in `metrics["training_objective_check"]` (equal to ~1e−12
+where the drift is well above round-off), and `tests/test_gain_tuning_experiment.py`
+checks held-out values against `feedback_objective` itself. A held-out run that turns
+non-finite is "failed": the variant's value is then null in the JSON
+(`feedback_objective` returns inf) and `metrics["held_out_failed"]` counts the failures.
 
-Error vs h and vs force evaluations: the same runs over t ∈ [0, T] at h = h₀·2^k
-(k = −2 … 2; the baseline k = −4 … 2), each curve the geometric mean over the held-out
-states of the RMS invariant error and of the RMS trajectory error (i.e. 10^objective;
-the reference stays the RK4 run at h₀/8). Gains at h ≠ h₀: paper fixed; adaptive
-rebuilt for h; recommended by the rule of thumb at h; tuned carried from h₀ with the rule
-of thumb's dependence on h (Euler: K·h₀/h, keeping the tuned h·λ_max; RK4: unchanged
-while λ_max = ‖DX‖/10 is within half the stability interval), not re-tuned per h (that
-would take one tuning per point). Force evaluations per run, seed 000's cost model: a
-feedback-field evaluation counts 4, ∇H 1: Euler 4/step, RK4 16/step, RATTLE and
-Störmer–Verlet 1/step (one new force per step). The adaptive field also evaluates the
-Hessian of V at every stage, which is not counted. The claim is tested per variant
-at matched force evaluations: the baseline's errors are interpolated (log–log) at each
-feedback-Euler point inside its range, and the claim holds where feedback Euler's error
-is at most the baseline's.
+Error vs h and vs force evaluations (`metrics["errors_vs_h"]`): the same runs over
+t ∈ [0, T] at h = h₀·2^k (k = −2 … 2; the baseline k = −4 … 2), each point the geometric
+mean over the held-out states of the RMS invariant error and of the RMS trajectory error
+(10^objective; the reference stays the RK4 run at h₀/8). Gains at h ≠ h₀: paper fixed;
+adaptive rebuilt for h; recommended by the rule of thumb at h; tuned carried from h₀ with
+the rule of thumb's dependence on h (Euler: K·h₀/h, keeping the tuned h·λ_max; RK4:
+unchanged while λ_max = ‖DX‖/10 is within half the stability interval), not re-tuned per h
+(that would take one tuning per point). Force evaluations per run, seed 000's cost model:
+a feedback-field evaluation counts 4, ∇H 1: Euler 4/step, RK4 16/step, RATTLE and
+Störmer–Verlet 1/step (one new force per step); the adaptive field's Hessian of V, which
+it evaluates at every stage, is not counted.
+
+Seed 000's claim (`metrics["vs_baseline_per_force_evaluation"]`, and the summary's
+"inv/base" and "traj/base" columns): for each variant and method, the ratio of its error
+to the baseline's at the same number of force evaluations (the baseline's errors
+interpolated log–log at each point inside their range). The claim holds at a point where
+the ratio is ≤ 1.
 """
 
 import math
 import pathlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import equinox as eqx
 import jax
@@ -363,7 +372,7 @@ _VARIANT_STYLE = {
     "paper": {"color": "tab:blue", "marker": "o"},
     "adaptive": {"color": "tab:orange", "marker": "s"},
     "recommended": {"color": "tab:green", "marker": "^"},
-    "tuned": {"color": "tab:red", "marker": "D"},
+    "tuned": {"color": "tab:red", "marker": "D", "markerfacecolor": "none", "markersize": 6},
     "none": {"color": "0.55", "marker": "x"},
 }
 _METHOD_STYLE = {"euler": {"linestyle": "-"}, "rk4": {"linestyle": "--"}}
@@ -377,10 +386,14 @@ def _figure(nrows, ncols, size):
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def _plot_history(path, problem, tunings):
+def _plot_history(path, problem, tunings, held_out):
     fig, axes = _figure(len(tunings), 2, (11.0, 3.6 * len(tunings)))
     for row, (method, result) in enumerate(tunings.items()):
         result.plot(axes=axes[row])
+        value = held_out[method]["tuned"]
+        if value is not None:  # the held-out objective at the tuned gains (the best iterate)
+            best = int(np.nanargmin(result.history["objective"]))
+            axes[row, 0].plot([best], [value], "s", color="tab:red", label="held-out states, tuned gains")
         # An entry of F with gain 0 (Kepler's H) stays 0: drop its line from the log axis.
         ax = axes[row, 1]
         for line in list(ax.get_lines()):
@@ -406,7 +419,7 @@ def _gain_label(names, label):
     return label
 
 
-def _plot_held_out(path, held, failed, problems, methods):
+def _plot_held_out(path, held, failed, problems, titles, methods):
     """Grouped bars: one panel per problem and objective, bars per method and variant."""
     objectives = (("held_out", "invariants: log10 RMS |F - F0|"), ("held_out_reference", "trajectory: log10 RMS |x - x_ref|"))
     fig, axes = _figure(len(objectives), len(problems), (4.6 * len(problems), 7.6))
@@ -430,16 +443,16 @@ def _plot_held_out(path, held, failed, problems, methods):
                     else:
                         ax.bar(xs[i], value - bottom, width, bottom=bottom, color=_VARIANT_STYLE[v]["color"],
                                label=v if i == 0 else None)
-                        ax.text(xs[i], value, f"{value:.2f}", ha="center", va="bottom", fontsize="x-small", rotation=90)
+                        ax.text(xs[i], value, f"{value:.2f}", ha="center", va="bottom", fontsize="x-small", rotation=90,
+                                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5}, zorder=4)
             for i, m in enumerate(methods):  # the same method without feedback
                 value = held[obj][key][m]["none"]
                 if value is not None:
-                    ax.plot([i - 0.45, i + 0.45], [value, value], color="black", linestyle="--", linewidth=1.0)
+                    ax.plot([i - 0.45, i + 0.45], [value, value], color="black", linestyle="--", linewidth=1.0, zorder=3)
             ax.set_xticks(np.arange(len(methods)), [f"feedback {m}" for m in methods])
             ax.set_ylim(bottom, top + 0.15 * (top - bottom))
             ax.set_ylabel(label, fontsize="small")
-            ax.set_title(f"{key.replace('_', ' ')}: held-out {'invariants' if row == 0 else 'reference'}",
-                         fontsize="medium")
+            ax.set_title(f"{titles[key]}: objective {'invariants' if row == 0 else 'reference'}", fontsize="medium")
             ax.grid(True, axis="y", alpha=0.3)
     from matplotlib.lines import Line2D
 
@@ -458,28 +471,40 @@ def _patch(variant):
 
 def _plot_errors(path, problem, curves, baseline, methods):
     """2 × 2 panels: invariant and trajectory error vs h (top) and vs force evaluations."""
-    fig, axes = _figure(2, 2, (11.0, 8.6))
+    fig, axes = _figure(2, 2, (11.0, 9.6))
     for col, quantity in enumerate(("invariants", "trajectory")):
         for row, xkey in enumerate(("h", "force_evaluations")):
             ax = axes[row, col]
             for m in methods:
                 for v in (*VARIANTS, "none"):
                     x, y = _curve(curves[m][v], xkey, quantity)
-                    if x.size:
-                        ax.loglog(x, y, label=f"{v} ({m})", markersize=4, linewidth=1.0,
-                                  **_VARIANT_STYLE[v], **_METHOD_STYLE[m])
+                    style = {"markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}
+                    # A curve without points (every run failed) still gets its legend entry.
+                    ax.loglog(x if x.size else [np.nan], y if y.size else [np.nan],
+                              label=_curve_label(f"{v} ({m})", curves[m][v]), linewidth=1.0, **style)
             x, y = _curve(baseline, xkey, quantity)
-            if x.size:
-                ax.loglog(x, y, label=problem.baseline_name, linewidth=1.0, **_BASELINE_STYLE)
+            ax.loglog(x, y, label=_curve_label(problem.baseline_name, baseline), linewidth=1.0, **_BASELINE_STYLE)
             ax.set_xlabel("step size h" if xkey == "h" else "force evaluations (feedback field 4, grad H 1)")
             ax.set_ylabel("invariant error (geo. mean RMS |F - F0|)" if quantity == "invariants"
                           else "trajectory error (geo. mean RMS |x - x_ref|)", fontsize="small")
             ax.set_title(f"{quantity} error vs {'h' if xkey == 'h' else 'force evaluations'}", fontsize="medium")
             ax.grid(True, which="major", alpha=0.3)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", fontsize="small")
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     fig.suptitle(f"{problem.title}: held-out states, t in [0, {curves['t_final']:g}]", fontsize="medium")
     return _save(fig, path)
+
+
+def _curve_label(name, points):
+    """The legend label, with the step sizes at which held-out runs failed."""
+    bad = [p["h"] for p in points if p["failed"]]
+    if not bad:
+        return name
+    if len(bad) == len(points):
+        return f"{name}: failed at every h"
+    if all(p["failed"] for p in points if p["h"] >= min(bad)):
+        return f"{name}: failed for h ≥ {min(bad):.1g}"
+    return f"{name}: failed at {len(bad)} of {len(points)} h"
 
 
 def _curve(points, xkey, quantity):
@@ -513,9 +538,22 @@ def _matched(points, baseline, quantity):
 # The experiment
 
 
+_CLOCK = [time.perf_counter()]
+
+
 def _log(progress, text):
     if progress:
-        print(f"  {text}", flush=True)
+        print(f"  [{time.perf_counter() - _CLOCK[0]:6.1f} s] {text}", flush=True)
+
+
+def _point(h, steps, cost, inv, traj, failed, worst):
+    """One point of an error-vs-h curve from the held-out runs (last axis: the states)."""
+    mean_inv, n_failed = _aggregate(inv, failed)
+    return {
+        "h": h, "steps": steps, "force_evaluations": cost * steps,
+        "invariants": mean_inv, "trajectory": _aggregate(traj, failed)[0], "failed": n_failed,
+        "max_invariant_error": None if n_failed else float(np.max(np.asarray(worst))),
+    }
 
 
 def _study(problem: Problem, settings: Settings, progress) -> dict:
@@ -526,13 +564,15 @@ def _study(problem: Problem, settings: Settings, progress) -> dict:
     n0, _ = _counts(t_final, h0, saves)
     train = problem.starts(settings.train, settings.train_seed)
     held = problem.starts(settings.held_out, settings.held_out_seed)
-    x0s = jnp.asarray(held)
-    system = problem.model.system
-    paper = geomjax.feedback_field(system, problem.model.x0, problem.paper_gains)
+    # Every run goes from the held-out states and, after them, the training states (these
+    # only to check the training objective against tune_gains' own): one batch, one
+    # compilation per kind of run.
+    n_held = held.shape[0]
+    x0s = jnp.asarray(np.concatenate([held, train]))
+    paper = geomjax.feedback_field(problem.model.system, problem.model.x0, problem.paper_gains)
 
     # The starts are on S: the largest constraint residual over them.
-    residuals = np.asarray(jax.jit(jax.vmap(problem.residuals))(jnp.asarray(np.concatenate([train, held]))))
-    start_residual = float(np.max(np.abs(residuals), initial=0.0))
+    start_residual = float(np.max(np.abs(np.asarray(jax.jit(jax.vmap(problem.residuals))(x0s))), initial=0.0))
 
     # One check on the training states gives λ_max and ‖DX‖; the rule of thumb's gains for
     # each method follow from them (what geomjax.recommended_gains computes, one rate
@@ -544,59 +584,54 @@ def _study(problem: Problem, settings: Settings, progress) -> dict:
         _log(progress, f"{problem.key}: tuning {method} ({settings.iterations} iterations)")
         t = time.perf_counter()
         tunings[method] = geomjax.tune_gains(
-            paper, train, dt=h0, steps=n0, method=method, iterations=settings.iterations, held_out=held,
-            stability=settings.stability, optimizer=optax.adam(settings.learning_rate), checkpoint=False,
+            paper, train, dt=h0, steps=n0, method=method, iterations=settings.iterations,
+            stability=settings.stability, optimizer=optax.adam(settings.learning_rate),
         )
         tune_times[method] = time.perf_counter() - t
 
     # The reference: X (zero gains) by RK4 at h0/8, saved at the same times.
-    _log(progress, f"{problem.key}: reference and runs over h")
+    _log(progress, f"{problem.key}: reference, then the runs over h")
     sub = settings.reference_substeps
     zeros = np.zeros((len(FIXED), problem.paper_gains.size))
     _, per_ref = _counts(t_final, h0 / sub, saves)
     ref_xs, _, _, ref_code = _fixed_runs(paper, geomjax.RK4, jnp.asarray(zeros), x0s, jnp.asarray(h0 / sub),
-                                      jnp.asarray(per_ref), saves)
+                                         jnp.asarray(per_ref), saves)
     reference = np.asarray(ref_xs[0])
     if np.any(np.asarray(ref_code[0]) != _OK) or not np.all(np.isfinite(reference)):
         raise RuntimeError(f"{problem.key}: the reference run failed")
 
     hs = [h0 * 2.0**k for k in settings.h_exponents]
+    if h0 not in hs:
+        hs = sorted([*hs, h0])
     curves = {m: {v: [] for v in (*VARIANTS, "none")} for m in settings.methods}
-    rates = {}
+    fractions, training = {}, {}
     for method in settings.methods:
         tableau = _TABLEAUS[method]
         bound = geomjax.stability_interval(method)
-        tuned_h0 = np.asarray(tunings[method].gains)
         for h in hs:
             steps, per_save = _counts(t_final, h, saves)
-            gains = _gains_at(problem, h, method, recommended[method], tuned_h0, check)
-            xs, fs, worst, code = _fixed_runs(paper, tableau, jnp.asarray(gains), x0s, jnp.asarray(h),
-                                              jnp.asarray(per_save), saves)
+            gains = _gains_at(problem, h, method, recommended[method], np.asarray(tunings[method].gains), check)
+            args = (x0s, jnp.asarray(h), jnp.asarray(per_save), saves)
+            xs, fs, worst, code = _fixed_runs(paper, tableau, jnp.asarray(gains), *args)
             inv, traj, failed = _measures(xs, fs, code, reference)
-            ad_xs, ad_fs, ad_worst, ad_code = _adaptive_runs(paper, tableau, x0s, jnp.asarray(h), jnp.asarray(per_save),
-                                                             saves)
+            ad_xs, ad_fs, ad_worst, ad_code = _adaptive_runs(paper, tableau, *args)
             ad_inv, ad_traj, ad_failed = _measures(ad_xs, ad_fs, ad_code, reference)
-            rows = {v: (inv[i], traj[i], failed[i], worst[i]) for i, v in enumerate(FIXED)}
-            rows["adaptive"] = (ad_inv, ad_traj, ad_failed, ad_worst)
-            lam = np.asarray(_rates(paper, jnp.asarray(gains), x0s))
-            for v, (vi, vt, vf, vw) in rows.items():
-                mean_inv, n_failed = _aggregate(vi, vf)
-                mean_traj, _ = _aggregate(vt, vf)
-                point = {
-                    "h": h, "steps": steps, "force_evaluations": COST_PER_STEP[method] * steps,
-                    "invariants": mean_inv, "trajectory": mean_traj, "failed": n_failed,
-                    "max_invariant_error": None if n_failed else float(np.max(np.asarray(vw))),
-                }
+            lam = np.asarray(_rates(paper, jnp.asarray(gains), x0s[:n_held]))
+            runs = {v: (inv[i], traj[i], failed[i], worst[i]) for i, v in enumerate(FIXED)}
+            runs["adaptive"] = (ad_inv, ad_traj, ad_failed, ad_worst)
+            for v, (vi, vt, vf, vw) in runs.items():
+                point = _point(h, steps, COST_PER_STEP[method], vi[:n_held], vt[:n_held], vf[:n_held], vw[:n_held])
                 if v in FIXED:
                     i = FIXED.index(v)
                     point["gains"] = gains[i]
                     point["stability_fraction_max"] = float(h * lam[i].max() / bound)
-                    if h == h0:
-                        point["per_member_invariants"] = vi
+                if h == h0:
+                    point["per_state_invariants"] = vi[:n_held]
+                    training.setdefault(method, {})[v] = _aggregate(vi[n_held:], vf[n_held:])[0]
                 curves[method][v].append(point)
             if h == h0:
-                rates[method] = {v: float(h * lam[i].max() / bound) for i, v in enumerate(FIXED)}
-                _log(progress, f"{problem.key}: {method} at h0 done")
+                fractions[method] = {v: float(h * lam[i].max() / bound) for i, v in enumerate(FIXED)}
+            _log(progress, f"{problem.key}: {method} at h = {h:.3g}")
 
     baseline = []
     for k in settings.baseline_exponents:
@@ -604,15 +639,13 @@ def _study(problem: Problem, settings: Settings, progress) -> dict:
         steps, per_save = _counts(t_final, h, saves)
         xs, fs, worst, code = _step_runs(problem.baseline, paper, x0s, jnp.asarray(h), jnp.asarray(per_save), saves)
         inv, traj, failed = _measures(xs, fs, code, reference)
-        mean_inv, n_failed = _aggregate(inv, failed)
-        baseline.append({
-            "h": h, "steps": steps, "force_evaluations": COST_PER_STEP["baseline"] * steps,
-            "invariants": mean_inv, "trajectory": _aggregate(traj, failed)[0], "failed": n_failed,
-            "max_invariant_error": None if n_failed else float(np.max(np.asarray(worst))),
-        })
+        baseline.append(_point(h, steps, COST_PER_STEP["baseline"], inv[:n_held], traj[:n_held], failed[:n_held],
+                               worst[:n_held]))
+    _log(progress, f"{problem.key}: {problem.baseline_name} at {len(baseline)} step sizes")
 
-    # Held-out table at h0.
-    i0 = hs.index(h0) if h0 in hs else None
+    # Held-out table at h0, and the training objective of the tuned gains against the one
+    # tune_gains reports (the same objective, evaluated by the library).
+    i0 = hs.index(h0)
     held_out = {"held_out": {}, "held_out_reference": {}}
     held_failed = {"held_out": {}, "held_out_reference": {}}
     cross_check = {}
@@ -625,31 +658,32 @@ def _study(problem: Problem, settings: Settings, progress) -> dict:
             held_out["held_out_reference"][method][v] = point["trajectory"]
             held_failed["held_out"][method][v] = point["failed"]
             held_failed["held_out_reference"][method][v] = point["failed"]
-        lib = tunings[method].held_out_after
-        mine = held_out["held_out"][method]["tuned"]
+        mine, lib = training[method]["tuned"], tunings[method].objective_after
         cross_check[method] = {
-            "tuned_held_out_here": mine,
-            "TuningResult.held_out_after": lib,
-            "difference": None if mine is None or lib is None else abs(mine - lib),
+            "training_objective_here": mine,
+            "TuningResult.objective_after": lib,
+            "difference": None if mine is None else abs(mine - lib),
         }
 
+    # Feedback Euler (the claim) and feedback RK4 against the baseline at matched force
+    # evaluations.
     claim = {}
-    for v in (*VARIANTS, "none"):
-        if "euler" not in settings.methods:
-            break
-        claim[v] = {}
-        for quantity in ("invariants", "trajectory"):
-            ratios = _matched(curves["euler"][v], baseline, quantity)
-            claim[v][quantity] = {
-                "matched_points": ratios,
-                "holds_at": sum(r["ratio"] <= 1.0 for r in ratios),
-                "of": len(ratios),
-            }
+    for method in settings.methods:
+        claim[method] = {}
+        for v in (*VARIANTS, "none"):
+            claim[method][v] = {}
+            for quantity in ("invariants", "trajectory"):
+                ratios = _matched(curves[method][v], baseline, quantity)
+                claim[method][v][quantity] = {
+                    "matched_points": ratios,
+                    "at_most_baseline": sum(r["ratio"] <= 1.0 for r in ratios),
+                    "of": len(ratios),
+                }
     tuning = {
         m: {
             "initial_gains": r.initial_gains, "gains": r.gains, "objective_before": r.objective_before,
-            "objective_after": r.objective_after, "held_out_before": r.held_out_before,
-            "held_out_after": r.held_out_after, "stability_fraction": r.stability_fraction,
+            "objective_after": r.objective_after, "stability_fraction_training": r.stability_fraction,
+            "held_out_after": held_out["held_out"][m]["tuned"], "training_objective": training[m],
             "history": {k: np.asarray(val) for k, val in r.history.items()}, "time_s": tune_times[m],
             "summary": r.summary(),
         }
@@ -674,7 +708,7 @@ def _study(problem: Problem, settings: Settings, progress) -> dict:
         "baseline": baseline,
         "held_out": held_out,
         "held_failed": held_failed,
-        "stability_fraction_h0": rates,
+        "stability_fraction_h0": fractions,
         "cross_check": cross_check,
         "claim": claim,
         "time_s": time.perf_counter() - started,
@@ -685,7 +719,7 @@ def _short(gains) -> str:
     g = np.asarray(gains, dtype=float)
     if g.size and np.allclose(g, g.flat[0]):
         return f"{g.flat[0]:.3g} (all)"
-    return "(" + ", ".join(f"{x:.3g}" for x in g) + ")"
+    return "(" + ", ".join(f"{x:.0f}" if abs(x) >= 100 else f"{x:.2g}" for x in g) + ")"
 
 
 @register(
@@ -714,11 +748,13 @@ def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None)
 
     figures = []
     for key, s in studies.items():
-        figures.append(_plot_history(out_dir / f"{NAME}_history_{key}.png", s["problem"], s["tunings"]))
+        figures.append(_plot_history(out_dir / f"{NAME}_history_{key}.png", s["problem"], s["tunings"],
+                                     s["held_out"]["held_out"]))
         curves = dict(s["curves"], t_final=s["t_final"])
         figures.append(_plot_errors(out_dir / f"{NAME}_errors_{key}.png", s["problem"], curves, s["baseline"], methods))
     if studies:
-        figures.append(_plot_held_out(out_dir / f"{NAME}_held_out.png", held, failed, list(studies), methods))
+        titles = {key: s["problem"].title for key, s in studies.items()}
+        figures.append(_plot_held_out(out_dir / f"{NAME}_held_out.png", held, failed, list(studies), titles, methods))
 
     summary = []
     for key, s in studies.items():
@@ -733,13 +769,15 @@ def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None)
                     "held-out traj": _fmt(point["trajectory"], point["failed"]),
                     "failed": point["failed"],
                     "h*lam/beta": f"{point['stability_fraction_max']:.3g}" if "stability_fraction_max" in point else "-",
+                    "inv/base": _ratio_cell(s["claim"][m][v]["invariants"]),
+                    "traj/base": _ratio_cell(s["claim"][m][v]["trajectory"]),
                     "K": _short(point["gains"]) if "gains" in point else "alpha(x)*paper",
                 })
         b = [p for p in s["baseline"] if p["h"] == s["problem"].h0][0]
         summary.append({
             "problem": key, "method": s["problem"].baseline_name, "gains": "-",
             "held-out inv": _fmt(b["invariants"], b["failed"]), "held-out traj": _fmt(b["trajectory"], b["failed"]),
-            "failed": b["failed"], "h*lam/beta": "-", "K": "-",
+            "failed": b["failed"], "h*lam/beta": "-", "inv/base": "-", "traj/base": "-", "K": "-",
         })
 
     setup = {
@@ -794,15 +832,24 @@ def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None)
         "held_out_failed": failed["held_out"],
         "held_out_reference": held["held_out_reference"],
         "held_out_reference_failed": failed["held_out_reference"],
-        "held_out_check": {key: s["cross_check"] for key, s in studies.items()},
+        "training_objective_check": {key: s["cross_check"] for key, s in studies.items()},
         "stability_fraction_at_h0": {key: s["stability_fraction_h0"] for key, s in studies.items()},
         "recommended_gains": {key: s["recommended"] for key, s in studies.items()},
         "tuning": {key: s["tuning"] for key, s in studies.items()},
         "errors_vs_h": {key: {"feedback": s["curves"], "baseline": s["baseline"]} for key, s in studies.items()},
-        "euler_vs_baseline_per_force_evaluation": claim,
+        "vs_baseline_per_force_evaluation": claim,
         "figures": [p.name for p in figures],
         "summary": summary,
     }
+
+
+def _ratio_cell(entry):
+    """The error ratio to the baseline at matched force evaluations: its range over the
+    matched points, or "-" where none matched."""
+    ratios = [r["ratio"] for r in entry["matched_points"]]
+    if not ratios:
+        return "-"
+    return f"{min(ratios):.2g}..{max(ratios):.2g}"
 
 
 def _fmt(value, n_failed):
