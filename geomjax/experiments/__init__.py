@@ -37,6 +37,7 @@ _MODULES = (
     "pendulum_dirac",
     "ziegler",
     "feedback_paper",
+    "gain_tuning",
 )
 
 
