@@ -134,9 +134,11 @@ def _at(field, x):
     return field.at_start(field.split(x))
 
 
+@eqx.filter_jit
 def _rates(field, x0s):
-    """(feedback rate, dynamics rate) at each initial state, with F₀ = F(x0) per state."""
-    return jax.jit(jax.vmap(lambda x: (feedback_rate(_at(field, x), x), dynamics_rate(field, x))))(x0s)
+    """(feedback rate, dynamics rate) at each initial state, with F₀ = F(x0) per state
+    (compiled once per kind of field and batch shape)."""
+    return jax.vmap(lambda x: (feedback_rate(_at(field, x), x), dynamics_rate(field, x)))(x0s)
 
 
 class GainCheck(eqx.Module):

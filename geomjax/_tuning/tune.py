@@ -2,6 +2,7 @@
 
 import math
 import sys
+import warnings
 from collections.abc import Callable
 
 import equinox as eqx
@@ -118,35 +119,50 @@ def _reference_error(xs, x0, reference):
 
 class _Objective(eqx.Module):
     """An objective over a batch of runs: per-member values (log₁₀ of an RMS for the
-    built-in ones), the runs' settings, and the reference runs when it needs them."""
+    built-in ones), the runs' settings, and the reference runs when it needs them. All
+    static, so compiled programs are cached across calls with equal settings."""
 
     name: str = eqx.field(static=True)
-    per_member: Callable = eqx.field(static=True)
+    user: Callable | None = eqx.field(static=True)
     use_log: bool = eqx.field(static=True)
-    run: dict = eqx.field(static=True)
+    run: tuple = eqx.field(static=True)
+
+    def per_member(self, field):
+        if self.name == "invariants" and self.user is None:
+            return _invariant_drift(field)
+        if self.name == "reference" and self.user is None:
+            return _reference_error
+        return lambda xs, x0, ref: self.user(xs, x0)
 
     def references(self, field, states):
         """x_ref at the saves (the field without feedback, RK4 at dt/8) or zeros."""
-        if self.name != "reference":
+        if self.name != "reference" or self.user is not None:
             return jnp.zeros((states.shape[0],))
-        plain, sub = without_feedback(field), _REFERENCE_SUBSTEPS
-        run = self.run
-        ref = sweep(
-            lambda x0: (plain, x0), zipped(x0=states), dt=run["dt"] / sub, steps=run["steps"] * sub,
-            method="rk4", save_every=run["save_every"] * sub, drift_tol=None,
-        )
-        return ref.xs
+        return _reference_runs(self, without_feedback(field), states)
 
     def members(self, field, states, refs):
         """(value per member, ok per member); a failed member's value is NaN."""
-        result = sweep(lambda x0: (field, x0), zipped(x0=states), **self.run)
+        result = sweep(lambda x0: (field, x0), zipped(x0=states), **dict(self.run))
         ok = result.ok
         xs = jnp.where(ok[:, None, None], result.xs, states[:, None, :])
-        refs = refs if self.name == "reference" else jnp.zeros_like(xs)
+        refs = refs if refs.ndim == 3 else jnp.zeros_like(xs)
         values = jax.vmap(self.per_member(field))(xs, states, refs)
         values = jnp.log10(values + _TINY) if self.use_log else values
         ok = ok & jnp.isfinite(values)
         return jnp.where(ok, values, jnp.nan), ok
+
+
+@eqx.filter_jit
+def _reference_runs(obj: _Objective, plain, states):
+    run, sub = dict(obj.run), _REFERENCE_SUBSTEPS
+    ref = sweep(
+        lambda x0: (plain, x0), zipped(x0=states), dt=run["dt"] / sub, steps=run["steps"] * sub,
+        method="rk4", save_every=run["save_every"] * sub, drift_tol=None,
+    )
+    return ref.xs
+
+
+_members = eqx.filter_jit(lambda obj, field, states, refs: obj.members(field, states, refs))
 
 
 def _objective(objective, *, dt, steps, method, save_every, checkpoint) -> _Objective:
@@ -156,15 +172,50 @@ def _objective(objective, *, dt, steps, method, save_every, checkpoint) -> _Obje
         save_every = max(1, steps // 10)
     if steps % save_every:
         raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
-    run = dict(dt=dt, steps=steps, method=method, save_every=save_every, drift_tol=None, checkpoint=checkpoint)
+    run = (("dt", float(dt)), ("steps", steps), ("method", method), ("save_every", save_every),
+           ("drift_tol", None), ("checkpoint", checkpoint))
     if callable(objective):
-        name = getattr(objective, "__name__", "user objective")
-        return _Objective(name, lambda f: (lambda xs, x0, ref: objective(xs, x0)), False, run)
-    if objective == "invariants":
-        return _Objective("invariants", _invariant_drift, True, run)
-    if objective == "reference":
-        return _Objective("reference", lambda f: _reference_error, True, run)
+        return _Objective(getattr(objective, "__name__", "user objective"), objective, False, run)
+    if objective in ("invariants", "reference"):
+        return _Objective(objective, None, True, run)
     raise ValueError(f"objective must be 'invariants', 'reference' or a callable, got {objective!r}")
+
+
+# --------------------------------------------------------------------------------------
+# The tuning problem's compiled pieces (module level: cached across calls)
+
+
+def _rate_of(field, states):
+    """The largest λ_max(L∇²V) over the states, F₀ = F(x0) for each."""
+    return jnp.max(jax.vmap(lambda x: feedback_rate(field.at_start(field.split(x)), x))(states))
+
+
+def _feasible(field, theta, train, kind, metric, stability, bound, dt):
+    """The field for θ, its gains scaled onto h·λ_max = stability·β where they exceed it
+    at a training state (the constraint inside the parametrisation: the gradient sees
+    it, so raising every gain at once changes nothing and changing their ratios does)."""
+    tuned = _with_theta(field, theta, kind, metric)
+    if not math.isfinite(bound):
+        return tuned
+    return scale_gains(tuned, jnp.minimum(1.0, stability * bound / (dt * _rate_of(tuned, train))))
+
+
+def _penalised(obj, field, theta, train, states, refs, kind, metric, stability, bound):
+    values, ok = obj.members(_feasible(field, theta, train, kind, metric, stability, bound, dict(obj.run)["dt"]), states, refs)
+    # A failed member counts as the worst finite one plus two decades (no gradient).
+    worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
+    return jnp.mean(jnp.where(ok, values, worst + 2.0)), jnp.sum(~ok)
+
+
+_loss_and_grad = eqx.filter_jit(jax.value_and_grad(_penalised, argnums=2, has_aux=True))
+
+
+@eqx.filter_jit
+def _held_out(obj, field, theta, train, states, refs, kind, metric, stability, bound):
+    return obj.members(_feasible(field, theta, train, kind, metric, stability, bound, dict(obj.run)["dt"]), states, refs)
+
+
+_rate_at = eqx.filter_jit(lambda field, theta, states, kind, metric: _rate_of(_with_theta(field, theta, kind, metric), states))
 
 
 def feedback_objective(
@@ -202,7 +253,7 @@ def feedback_objective(
         raise TypeError(f"feedback_objective needs a feedback field, got {type(field).__name__}")
     states = _as_states(x0s, field.system.dim, "x0s")
     obj = _objective(objective, dt=dt, steps=steps, method=method, save_every=save_every, checkpoint=False)
-    values, ok = obj.members(field, states, obj.references(field, states))
+    values, ok = _members(obj, field, states, obj.references(field, states))
     values = np.asarray(values)
     failed = int(np.sum(~np.asarray(ok)))
     return (math.inf if failed else float(values.mean())), values, failed
@@ -219,7 +270,9 @@ class TuningResult(eqx.Module):
       failed); `"skipped"`, per update, True where the gradient was not finite.
     - `objective_before`, `objective_after`: the training objective at the initial and
       the tuned gains (log₁₀ units for the built-in objectives: −1 is 10× smaller).
-    - `held_out_before`, `held_out_after`: the same on the held-out states (None if none).
+    - `held_out_before`, `held_out_after`: the same on the held-out states, `inf` where a
+      held-out run failed (as `feedback_objective`; None without held-out states), and
+      `held_out_failed`: how many failed, before and after.
     - `stability_fraction`: h·λ_max(L∇²V)/β at the tuned gains, the largest over the
       training and held-out states (0 for A-stable methods).
     - `objective`, `method`, `dt`, `steps`: what was tuned for.
@@ -234,6 +287,7 @@ class TuningResult(eqx.Module):
     objective_after: float
     held_out_before: float | None
     held_out_after: float | None
+    held_out_failed: tuple | None
     stability_fraction: float
     objective: str = eqx.field(static=True)
     method: str = eqx.field(static=True)
@@ -269,7 +323,8 @@ class TuningResult(eqx.Module):
         g = np.asarray(self.history["gains"]).reshape(len(it), -1)
         if g.shape[1] <= 12:
             for j in range(g.shape[1]):
-                axes[1].semilogy(it, np.maximum(g[:, j], 1e-300), label=f"K[{j}]")
+                if np.any(g[:, j] > 0):  # a zero gain stays zero: nothing to draw on a log axis
+                    axes[1].semilogy(it, g[:, j], label=f"K[{j}]")
             axes[1].legend(loc="best", fontsize="small", ncol=2)
         else:
             axes[1].semilogy(it, np.abs(g).max(axis=1), label="max |K|")
@@ -386,34 +441,11 @@ def tune_gains(
     bound = stability_interval(method)
     obj = _objective(objective, dt=dt, steps=steps, method=method, save_every=save_every, checkpoint=checkpoint)
 
-    def feasible(theta, states):
-        # The stability constraint inside the parametrisation: gains past the bound at
-        # any training start are scaled onto it, so the gradient sees the constraint
-        # (raising every gain at once changes nothing; changing their ratios does).
-        tuned = _with_theta(field, theta, kind, tune_metric)
-        if not math.isfinite(bound):
-            return tuned
-        lam = jnp.max(jax.vmap(lambda x: feedback_rate(tuned.at_start(tuned.split(x)), x))(states))
-        return scale_gains(tuned, jnp.minimum(1.0, stability * bound / (dt * lam)))
-
-    def loss(theta, states, refs):
-        values, ok = obj.members(feasible(theta, x0s), states, refs)
-        # A failed member counts as the worst finite one plus two decades (no gradient).
-        worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
-        return jnp.mean(jnp.where(ok, values, worst + 2.0)), jnp.sum(~ok)
-
-    def rate(theta, states):
-        tuned = _with_theta(field, theta, kind, tune_metric)
-        return jnp.max(jax.vmap(lambda x: feedback_rate(tuned.at_start(tuned.split(x)), x))(states))
-
-    value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
-    evaluate = jax.jit(loss)
-    rate_at = jax.jit(rate)
-
+    problem = (kind, tune_metric, stability, bound)
     def project(theta):
         if not math.isfinite(bound):
             return theta, 0.0
-        frac = dt * float(rate_at(theta, x0s)) / bound
+        frac = dt * float(_rate_at(field, theta, x0s, kind, tune_metric)) / bound
         if frac > stability:
             theta = _scaled_theta(theta, kind, stability / frac)
             frac = stability
@@ -425,7 +457,7 @@ def tune_gains(
     history = {"objective": [], "gains": [], "stability_fraction": [], "failed": [], "skipped": []}
     current, thetas = theta, []
     for it in range(iterations + 1):
-        (value, failed), grad = value_and_grad(current, x0s, refs)
+        (value, failed), grad = _loss_and_grad(obj, field, current, x0s, x0s, refs, *problem)
         history["objective"].append(float(value))
         history["gains"].append(np.asarray(_with_theta(field, current, kind, tune_metric).gains))
         history["stability_fraction"].append(frac)
@@ -447,14 +479,24 @@ def tune_gains(
     best = int(np.nanargmin(history["objective"])) if np.isfinite(history["objective"]).any() else len(history["objective"]) - 1
     tuned_theta = thetas[best]
     tuned = _with_theta(field, tuned_theta, kind, tune_metric)
-    held_before = held_after = None
+    held_before = held_after = held_failed = None
     fraction = history["stability_fraction"][best]
     if held is not None:
         held_refs = obj.references(field, held)
-        held_before = float(evaluate(theta, held, held_refs)[0])
-        held_after = float(evaluate(tuned_theta, held, held_refs)[0])
+        held_before, held_failed = [], []
+        for t in (theta, tuned_theta):
+            values, ok = _held_out(obj, field, t, x0s, held, held_refs, *problem)
+            failed = int(np.sum(~np.asarray(ok)))
+            held_before.append(math.inf if failed else float(np.mean(np.asarray(values))))
+            held_failed.append(failed)
+        (held_before, held_after), held_failed = held_before, tuple(held_failed)
         if math.isfinite(bound):
-            fraction = max(fraction, dt * float(rate_at(tuned_theta, held)) / bound)
+            fraction = max(fraction, dt * float(_rate_at(field, tuned_theta, held, kind, tune_metric)) / bound)
+            if fraction > 1.0:
+                warnings.warn(
+                    f"the tuned gains are past the stability bound at a held-out start (h·λ_max/β = {fraction:.3g}): "
+                    "the training starts do not cover the held-out ones; add starts like them to x0s",
+                    RuntimeWarning, stacklevel=2)
     history = {k: np.asarray(v) for k, v in history.items()}
     return TuningResult(
         field=tuned,
@@ -466,6 +508,7 @@ def tune_gains(
         objective_after=float(history["objective"][best]),
         held_out_before=held_before,
         held_out_after=held_after,
+        held_out_failed=held_failed,
         stability_fraction=float(fraction),
         objective=obj.name,
         method=method,

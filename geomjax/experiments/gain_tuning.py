@@ -23,7 +23,7 @@ problem, over t ∈ [0, T] (T = 1 for the pendulums, 3 for Kepler; `Settings.hor
 scales T):
 
 - `paper`: the fixed gains above;
-- `adaptive`: Bae & Chang's α(x) = 1/(h·1.1‖∇²V‖_F) on the paper's gains
+- `adaptive`: Bae & Chang's α(x) = 1/(h·1.1‖L·DFᵀKDF‖_F) on the paper's gains
   (`feedback_field(...).adaptive(dt=h)`). The rule is derived for explicit Euler
   (h·α·λ_max ≤ 1/1.1); with RK4 it is run as it is (a feedback rate about 1/h, far above
   the dynamics' rate, which `check_gains` says costs a high-order method accuracy);
