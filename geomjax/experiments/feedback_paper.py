@@ -190,6 +190,13 @@ def _verlet(model, h=None):
 
 _DASHED = {"linestyle": "--"}
 
+ADAPTIVE_EULER = Scheme(
+    "adaptive feedback Euler",
+    "explicit Euler on Y = X - alpha(x) L grad V, alpha = 1/(h max(1e-10, 1.1 |L DF^T K DF(x)|_F)) "
+    "(Bae and Chang's adaptive gain, re-estimated at every step; field.adaptive(dt=h)), the paper's V",
+    _rk(_adaptive, geomjax.EULER),
+)
+
 RIGID_SCHEMES = (
     Scheme(
         "feedback Euler",
@@ -197,12 +204,7 @@ RIGID_SCHEMES = (
         "(k0, k1, k2) = (50, 100, 50), L = diag(1 (R), I^2 (Pi)): the gradient in (R, Omega) as in the paper",
         _rk(_feedback, geomjax.EULER),
     ),
-    Scheme(
-        "adaptive feedback Euler",
-        "explicit Euler on Y = X - alpha(x) L grad V, alpha = 1/(h max(1e-10, 1.1 |L hess V(x)|_F)) "
-        "(Bae and Chang's adaptive gain, re-estimated at every step; field.adaptive(dt=h)), the paper's V",
-        _rk(_adaptive, geomjax.EULER),
-    ),
+    ADAPTIVE_EULER,
     Scheme(
         "Euler + projection",
         "explicit Euler on X, then Newton projection x + Df^T nu onto f = f(x0), f = (E, Pi_s, entries of R^T R) "
@@ -224,12 +226,7 @@ RIGID_SCHEMES = (
 KEPLER_SCHEMES = (
     Scheme("feedback Euler", "explicit Euler on Y = X - grad V with the paper's gains (model.gains)", _rk(_feedback, geomjax.EULER)),
     Scheme("feedback RK4", "classical RK4 on Y = X - grad V with the paper's gains", _rk(_feedback, geomjax.RK4)),
-    Scheme(
-        "adaptive feedback Euler",
-        "explicit Euler on Y = X - alpha(x) L grad V, alpha = 1/(h max(1e-10, 1.1 |L hess V(x)|_F)) "
-        "(Bae and Chang's adaptive gain, re-estimated at every step; field.adaptive(dt=h)), the paper's V",
-        _rk(_adaptive, geomjax.EULER),
-    ),
+    ADAPTIVE_EULER,
     Scheme(
         "Stormer-Verlet",
         "velocity Stormer-Verlet: half kick, drift, half kick (geomjax.strang(kick, drift) of models.kepler_flows), "
