@@ -235,3 +235,15 @@ def test_bad_input_to_the_tuner():
     with pytest.raises(ValueError, match="iterations"):
         geomjax.tune_gains(Y, PENDULUM.x0, iterations=0, **run)
     assert eqx.is_array(Y.gains)
+
+
+def test_no_wrong_objective_when_every_training_run_fails():
+    # Starts at q = 0, where the constraint matrix is singular, fail at their first step:
+    # nothing to tune on.
+    Y = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, 2.0)
+    off = np.array([[0.0, 0.0, 0.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.5, 0.2, 0.0]])
+    value, per_member, failed = geomjax.feedback_objective(Y, off, dt=1e-2, steps=10)
+    assert value == np.inf and failed == 2 and np.all(np.isnan(per_member))
+    with pytest.warns(RuntimeWarning, match="no gains at which every training run succeeded"):
+        tuned = geomjax.tune_gains(Y, off, dt=1e-2, steps=10, iterations=1)
+    assert tuned.objective_after == np.inf and np.all(tuned.history["failed"] == 2)

@@ -202,9 +202,11 @@ def _feasible(field, theta, train, kind, metric, stability, bound, dt):
 
 def _penalised(obj, field, theta, train, states, refs, kind, metric, stability, bound):
     values, ok = obj.members(_feasible(field, theta, train, kind, metric, stability, bound, dict(obj.run)["dt"]), states, refs)
-    # A failed member counts as the worst finite one plus two decades (no gradient).
+    # A failed member counts as the worst finite one plus two decades (no gradient); with
+    # every member failed there is nothing to compare with: the objective is inf.
     worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
-    return jnp.mean(jnp.where(ok, values, worst + 2.0)), jnp.sum(~ok)
+    mean = jnp.mean(jnp.where(ok, values, worst + 2.0))
+    return jnp.where(jnp.any(ok), mean, jnp.inf), jnp.sum(~ok)
 
 
 _loss_and_grad = eqx.filter_jit(jax.value_and_grad(_penalised, argnums=2, has_aux=True))
@@ -498,6 +500,11 @@ def tune_gains(
                     "the training starts do not cover the held-out ones; add starts like them to x0s",
                     RuntimeWarning, stacklevel=2)
     history = {k: np.asarray(v) for k, v in history.items()}
+    if not np.isfinite(history["objective"][best]):
+        warnings.warn(
+            f"tune_gains found no gains at which every training run succeeded ({history['failed'][best]} of "
+            f"{x0s.shape[0]} failed at the best iterate): the objective is inf; see history['failed'] and the "
+            "members' statuses (geomjax.sweep)", RuntimeWarning, stacklevel=2)
     return TuningResult(
         field=tuned,
         gains=np.asarray(tuned.gains),
