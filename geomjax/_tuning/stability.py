@@ -252,4 +252,9 @@ def recommended_gains(field, x0, dt, method: str = "euler"):
     ```
     """
     check = check_gains(field, x0, dt, method, warn=False)
+    if not (math.isfinite(check.recommended_scale) and check.recommended_scale > 0):
+        raise ValueError(
+            f"no gains reach the rule of thumb here: λ_max(L∇²V) = {check.feedback_rate:.3g} and the dynamics' "
+            f"rate ‖DX‖ = {check.dynamics_rate:.3g} at the initial states (scaling the gains cannot move a zero rate)"
+        )
     return np.asarray(field.gains) * check.recommended_scale
