@@ -3,6 +3,7 @@
 
 import diffrax
 import geomjax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,6 +34,22 @@ def test_adaptive_dopri8_agrees_with_small_step_rk4(setup, rk4_reference):
     np.testing.assert_allclose(sol.xs, rk4_reference, atol=1e-9)
     # The solver chose its own steps (adaptive), not the 10 save intervals.
     assert int(sol.num_steps) > 0
+
+
+def test_tolerances_may_be_traced(setup, rk4_reference):
+    """rtol/atol as tracers (a tolerance sweep under jit or vmap) run, and equal the eager run."""
+    model, dirac, _ = setup
+
+    def run(tol):
+        sol = geomjax.integrate(dirac, model.x0, dt=0.1, steps=10, method=diffrax.Dopri8(), rtol=tol, atol=tol,
+                                throw=False)
+        return sol.xs[-1], sol.ok
+
+    tols = jnp.array([1e-6, 1e-10])
+    xs, ok = jax.jit(jax.vmap(run))(tols)
+    assert bool(jnp.all(ok))
+    np.testing.assert_allclose(xs[1], rk4_reference[-1], atol=1e-9)
+    np.testing.assert_allclose(xs[0], run(1e-6)[0], rtol=1e-12, atol=1e-14)
 
 
 def test_constant_step_diffrax_euler_equals_geomjax_euler(setup):

@@ -27,13 +27,15 @@ _ARRAY = object()
 def compiled_call(program, options: tuple, *trees):
     """`program(*trees, *options)` compiled once per static structure of `trees`.
 
-    Array leaves (jax or numpy arrays, tracers) are traced; other leaves (functions,
-    Python numbers) are static, as with `eqx.filter_jit`. Works inside jit/vmap/grad.
+    Array leaves (jax or numpy arrays, tracers) of `trees` and of `options` are traced;
+    other leaves (functions, Python numbers) are static, as with `eqx.filter_jit`. (An
+    option may be a tracer: a tolerance swept by a `jit`-ed loop.) Works inside
+    jit/vmap/grad.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(trees)
+    leaves, treedef = jax.tree_util.tree_flatten((trees, options))
     dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
     static = tuple(_ARRAY if eqx.is_array(leaf) else leaf for leaf in leaves)
-    key = (program, options, treedef, static)
+    key = (program, treedef, static)
     entry = _PROGRAMS.get(key)
     if entry is None:
         # The non-array leaves of the output (e.g. the functions inside a step that
@@ -43,7 +45,8 @@ def compiled_call(program, options: tuple, *trees):
         def run(dynamic):
             it = iter(dynamic)
             full = [next(it) if leaf is _ARRAY else leaf for leaf in static]
-            out = program(*jax.tree_util.tree_unflatten(treedef, full), *options)
+            inputs, opts = jax.tree_util.tree_unflatten(treedef, full)
+            out = program(*inputs, *opts)
             out_dynamic, rest = eqx.partition(out, eqx.is_array)
             mixed = any(leaf is not None for leaf in jax.tree_util.tree_leaves(rest))
             out_static[:] = [rest] if mixed else []
