@@ -53,7 +53,8 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
     diverged = (
         "the state became non-finite after finite steps: the step is past the method's "
         "stability limit. For a feedback field with an explicit method the step must satisfy "
-        "h·λ_max(L∇²V) < 2 (see euler_step_limit): lower dt or the gains"
+        "h·λ_max(L∇²V) < β, β = geomjax.stability_interval(method) (2 for Euler): lower dt "
+        "or the gains (geomjax.check_gains, geomjax.recommended_gains)"
     )
     newton_failed = (
         "a Newton solve inside the step did not converge: the implicit equations have no "
@@ -64,13 +65,14 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
         "the constraint residuals left their tolerance (drift_tol): the trajectory is no "
         "longer on the constraint set, so it follows a different system. Lower dt, use a "
         "method that keeps the constraints (feedback, RATTLE, projection), or, for a "
-        "feedback field with an explicit method, keep h·λ_max(L∇²V) < 2"
+        "feedback field with an explicit method, keep h·λ_max(L∇²V) < β "
+        "(geomjax.stability_interval; 2 for Euler)"
     )
     invariant_drift = (
         "a first integral drifted further than drift_tol (relative to its initial value): "
         "the method is not accurate enough at this step size (lower dt), or, for a "
         "feedback field with an explicit method, the step is past the stability limit "
-        "h·λ_max(L∇²V) < 2 (see euler_step_limit)"
+        "h·λ_max(L∇²V) < β (geomjax.stability_interval; 2 for Euler; geomjax.check_gains)"
     )
     solver_failed = "the diffrax solver stopped with an error"
     invalid_step_size = (

@@ -37,6 +37,10 @@ def test_stability_intervals_match_the_stability_polynomials():
             r = np.roots(c[::-1])
             roots += [z.real for z in r if abs(z.imag) < 1e-9 and z.real > 1e-9]
         assert geomjax.stability_interval(name) == pytest.approx(min(roots), abs=1e-8)
+    # Adams–Bashforth k = 2, 3, 4 (multistep: the roots of ζ^k − ζ^{k−1} + x·σ(ζ), not the
+    # starter's one step): the intervals 1, 6/11, 3/10 of the textbooks.
+    for name, beta in (("ab2", 1.0), ("ab3", 6.0 / 11.0), ("ab4", 0.3)):
+        assert geomjax.stability_interval(name) == pytest.approx(beta, abs=1e-8)
     assert geomjax.stability_interval("gauss4") == np.inf
     assert geomjax.stability_interval("implicit_midpoint") == np.inf
 
