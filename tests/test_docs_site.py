@@ -103,6 +103,9 @@ def test_readme_sections_are_included(site):
         assert len(rows) > 5
         built = _page(site, page)
         assert built.count("<tr>") >= len(rows), (title, built.count("<tr>"), len(rows))
+        # pipes escaped in table code spans (`max\\|x0\\|`) show as on GitHub
+        assert not any("\\|" in code for code in re.findall(r"<code>(.*?)</code>", built, re.S))
+    assert "<code>start_tol·(1 + max|x0|)</code>" in _page(site, "guide/status")
 
 
 def test_experiments_page_lists_every_experiment_with_its_figures(site):

@@ -14,6 +14,9 @@ Two markers, each alone on a line of a page's Markdown:
 
 A marker naming a README section that does not exist is an error, so a renamed heading
 breaks the (strict) build instead of leaving a hole in the site.
+
+It also shows a pipe escaped inside a code span of a table cell (`a \\| b`) as GitHub
+does, without the backslash.
 """
 
 import json
@@ -142,3 +145,12 @@ def on_page_markdown(markdown, page, config, files):
         return readme_section(match.group(1).strip(), levels[-1] if levels else 1)
 
     return _README_MARKER.sub(expand, markdown)
+
+
+_CODE = re.compile(r"<code>(.*?)</code>", re.S)
+
+
+def on_page_content(html, page, config, files):
+    """MkDocs event: a pipe escaped in a table cell's code span (`a \\| b`, as GitHub reads
+    it) is kept escaped by Python-Markdown's tables; show it as GitHub does."""
+    return _CODE.sub(lambda m: "<code>" + m.group(1).replace("\\|", "|") + "</code>", html)
