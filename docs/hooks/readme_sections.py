@@ -100,7 +100,7 @@ def _summary_table(rows: list[dict]) -> str:
             return f"{value:.3g}"
         return str(value).replace("|", "\\|") if value is not None else ""
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
