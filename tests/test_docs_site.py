@@ -126,3 +126,17 @@ def test_readme_section_ignores_code_and_rejects_unknown_titles():
     assert any(line.startswith("# Y = X - grad V") for line in lines)
     with pytest.raises(KeyError, match="no section 'Nonexistent'"):
         hook.readme_section("Nonexistent")
+
+
+_FENCE = re.compile(r"```python\n(.*?)```", re.S)
+_DOC_BLOCKS = [
+    (path.relative_to(ROOT).as_posix(), index, code)
+    for path in sorted((ROOT / "docs").rglob("*.md"))
+    for index, code in enumerate(_FENCE.findall(path.read_text(encoding="utf-8")))
+]
+
+
+@pytest.mark.parametrize("page, index, code", _DOC_BLOCKS, ids=[f"{p}:{i}" for p, i, _ in _DOC_BLOCKS])
+def test_docs_python_blocks_run(page, index, code):
+    """Every ```python block of the pages under docs/ runs (README blocks: test_readme.py)."""
+    exec(compile(code, f"<{page} python block {index}>", "exec"), {"__name__": "__docs__"})
