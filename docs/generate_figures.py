@@ -18,6 +18,7 @@ interrupted run leaves the previous figures in place. Usage, from the repository
     python docs/generate_figures.py                       # every experiment
     python docs/generate_figures.py kepler suslov         # just these
     python docs/generate_figures.py --work /tmp/geomjax-figures --jobs 2
+    python docs/generate_figures.py kepler -- --some-option    # passed to `geomjax reproduce`
 
 The log of each run is kept in the work directory (`NAME.log`).
 """
@@ -61,7 +62,7 @@ def shrink_png(source: pathlib.Path, target: pathlib.Path, max_width: int) -> No
         image.save(target, optimize=True)
 
 
-def reproduce(name: str, work: pathlib.Path, max_width: int) -> tuple[str, bool, float]:
+def reproduce(name: str, work: pathlib.Path, max_width: int, extra: list[str]) -> tuple[str, bool, float]:
     """Run one experiment in a fresh process; on success replace docs/figures/NAME."""
     out = work / name
     if out.exists():
@@ -70,7 +71,7 @@ def reproduce(name: str, work: pathlib.Path, max_width: int) -> tuple[str, bool,
     start = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "geomjax", "reproduce", name, "--out", str(out), "--no-progress"],
+            [sys.executable, "-m", "geomjax", "reproduce", name, "--out", str(out), "--no-progress", *extra],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -100,7 +101,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=pathlib.Path, help="work directory (default: a new temporary one)")
     parser.add_argument("--jobs", type=int, default=1, help="experiments run at once (default 1)")
     parser.add_argument("--max-width", type=int, default=900, help="largest figure width in pixels")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
 
     known = list_experiments()
     unknown = [n for n in args.names if n not in known]
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
 
     failed = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for name, ok, seconds in pool.map(lambda n: reproduce(n, work, args.max_width), names):
+        for name, ok, seconds in pool.map(lambda n: reproduce(n, work, args.max_width, extra), names):
             print(f"{'ok    ' if ok else 'FAILED'} {name:32s} {seconds:7.1f} s", flush=True)
             if not ok:
                 failed.append(name)

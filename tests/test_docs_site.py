@@ -140,3 +140,22 @@ _DOC_BLOCKS = [
 def test_docs_python_blocks_run(page, index, code):
     """Every ```python block of the pages under docs/ runs (README blocks: test_readme.py)."""
     exec(compile(code, f"<{page} python block {index}>", "exec"), {"__name__": "__docs__"})
+
+
+def test_generate_figures_shrinks_pngs(tmp_path):
+    """docs/generate_figures.py scales wide figures down and palette-encodes them."""
+    PIL = pytest.importorskip("PIL.Image")
+    spec = importlib.util.spec_from_file_location("generate_figures", ROOT / "docs" / "generate_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    image = PIL.new("RGB", (1800, 600), "white")
+    for x in range(0, 1800, 7):  # line art: a few colours
+        image.putpixel((x, x % 600), (31, 119, 180))
+    source, target = tmp_path / "wide.png", tmp_path / "small.png"
+    image.save(source)
+    module.shrink_png(source, target, max_width=900)
+    with PIL.open(target) as small:
+        assert small.size == (900, 300) and small.mode == "P"
+    module.shrink_png(target, tmp_path / "same.png", max_width=900)  # narrow enough: not resized
+    with PIL.open(tmp_path / "same.png") as same:
+        assert same.size == (900, 300)
