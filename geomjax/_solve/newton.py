@@ -45,7 +45,7 @@ class Newton(eqx.Module):
     Newton's method for fn(x) = 0: x ← x − J(x)⁻¹ fn(x), J = ∂fn/∂x by forward-mode
     autodiff (or a fixed matrix given to `solve`, the simplified/chord iteration). The test
     for success is on the size of a Newton update measured in the units of the unknown,
-    |Δx|_∞ ≤ atol + rtol·|x|_∞, where after a fixed number of iterations Δx is the update
+    `|Δx|_∞ ≤ atol + rtol·|x|_∞`, where after a fixed number of iterations Δx is the update
     that the *final residual* fn(x_k) would give (the residual at the returned point, mapped
     through the last Jacobian): the returned point itself is checked, not its predecessor.
     Steps choose unknowns of a natural size (RATTLE solves for a displacement, implicit RK

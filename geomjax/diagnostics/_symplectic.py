@@ -126,7 +126,7 @@ def poisson_defect(step, x, h, structure):
     """‖DΦ_h B(x) DΦ_hᵀ − B(Φ_h(x))‖_max: how far a step is from a Poisson map of `structure`.
 
     For the canonical structure this vanishes exactly when the step is symplectic; for
-    Lie–Poisson structures (so(3)*, se(2)*) it tests Poisson integrators.
+    Lie–Poisson structures (`so(3)*`, `se(2)*`) it tests Poisson integrators.
 
     Example:
 

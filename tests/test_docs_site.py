@@ -1,0 +1,161 @@
+"""The documentation site builds with `mkdocs build --strict` and documents the public API.
+
+One build (a subprocess, into a temporary directory) is shared by the tests of this
+module; mkdocs, mkdocs-material and mkdocstrings[python] are in the `test` extra. Strict mode turns every warning into an error: a broken link or anchor, a name
+mkdocstrings cannot resolve, a README section or benchmark file a page includes that no
+longer exists.
+"""
+
+import html
+import importlib.util
+import inspect
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+import geomjax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HOOK = ROOT / "docs" / "hooks" / "readme_sections.py"
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def _page(site, name):
+    return (site / name / "index.html").read_text(encoding="utf-8")
+
+
+def _object_html(page, anchor):
+    """The HTML of the documented object whose heading has id `anchor`."""
+    start = page.index(f'id="{anchor}"')
+    own = page.index('class="doc doc-heading"', start)
+    end = page.find('class="doc doc-heading"', own + 1)
+    return page[start : end if end != -1 else len(page)]
+
+
+def _load_hook():
+    spec = importlib.util.spec_from_file_location("readme_sections", HOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_integrate_page_has_its_docstring(site):
+    page = _page(site, "api/driver")
+    first_line = inspect.getdoc(geomjax.integrate).splitlines()[0]
+    body = _object_html(page, "geomjax.integrate")
+    # backticks in the docstring render as <code>; compare the text without tags
+    text = html.unescape(re.sub(r"<[^>]+>", "", body))
+    assert first_line.replace("`", "") in text
+    # the example renders as a highlighted code block with its doctest prompts
+    assert "&gt;&gt;&gt;" in body and 'class="highlight"' in body
+
+
+def _public(module):
+    for name in sorted(vars(module)):
+        if name.startswith("_"):
+            continue
+        obj = getattr(module, name)
+        if not isinstance(obj, types.ModuleType):
+            yield name, obj
+    if module is geomjax:  # imported lazily by geomjax.__getattr__
+        yield "StepSolver", geomjax.StepSolver
+
+
+@pytest.mark.parametrize("module", [geomjax, geomjax.models, geomjax.diagnostics], ids=lambda m: m.__name__)
+def test_every_public_name_has_an_api_entry(site, module):
+    anchors = set()
+    for path in (site / "api").rglob("index.html"):
+        anchors.update(re.findall(r'id="([^"]+)"', path.read_text(encoding="utf-8")))
+    missing = []
+    for name, obj in _public(module):
+        candidates = {f"{module.__name__}.{name}"}
+        if getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
+            candidates.add(f"{obj.__module__}.{obj.__qualname__}")
+        if not candidates & anchors:
+            missing.append(name)
+    assert not missing, f"public names of {module.__name__} without an API entry: {missing}"
+
+
+def test_readme_sections_are_included(site):
+    """The bad-input and performance pages carry every row of the README's tables."""
+    hook = _load_hook()
+    for title, page in [("What happens with bad input", "guide/bad_input"), ("Performance", "performance")]:
+        rows = [line for line in hook.readme_section(title).splitlines() if line.startswith("| ") and "---" not in line]
+        assert len(rows) > 5
+        built = _page(site, page)
+        assert built.count("<tr>") >= len(rows), (title, built.count("<tr>"), len(rows))
+        # pipes escaped in table code spans (`max\\|x0\\|`) show as on GitHub
+        assert not any("\\|" in code for code in re.findall(r"<code>(.*?)</code>", built, re.S))
+    assert "<code>start_tol·(1 + max|x0|)</code>" in _page(site, "guide/status")
+
+
+def test_experiments_page_lists_every_experiment_with_its_figures(site):
+    listed = json.loads((ROOT / "docs" / "figures" / "experiments.json").read_text(encoding="utf-8"))
+    page = _page(site, "experiments")
+    for name in listed:
+        assert f'id="{name}"' in page, name
+    for src in re.findall(r'<img[^>]+src="([^"]+)"', page):
+        assert (site / "experiments" / src).resolve().is_file(), src
+
+
+def test_readme_section_ignores_code_and_rejects_unknown_titles():
+    hook = _load_hook()
+    lines = hook.readme_section("Usage", page_level=1).splitlines()
+    # sub-headings move up below the page's own heading (### -> ##); a comment line
+    # starting with '#' inside a fenced block is not a heading and stays as it is
+    assert "## What `integrate` takes" in lines and "### What `integrate` takes" not in lines
+    assert any(line.startswith("# Y = X - grad V") for line in lines)
+    with pytest.raises(KeyError, match="no section 'Nonexistent'"):
+        hook.readme_section("Nonexistent")
+
+
+_FENCE = re.compile(r"```python\n(.*?)```", re.S)
+_DOC_BLOCKS = [
+    (path.relative_to(ROOT).as_posix(), index, code)
+    for path in sorted((ROOT / "docs").rglob("*.md"))
+    for index, code in enumerate(_FENCE.findall(path.read_text(encoding="utf-8")))
+]
+
+
+@pytest.mark.parametrize("page, index, code", _DOC_BLOCKS, ids=[f"{p}:{i}" for p, i, _ in _DOC_BLOCKS])
+def test_docs_python_blocks_run(page, index, code):
+    """Every ```python block of the pages under docs/ runs (README blocks: test_readme.py)."""
+    exec(compile(code, f"<{page} python block {index}>", "exec"), {"__name__": "__docs__"})
+
+
+def test_generate_figures_shrinks_pngs(tmp_path):
+    """docs/generate_figures.py scales wide figures down and palette-encodes them."""
+    PIL = pytest.importorskip("PIL.Image")
+    spec = importlib.util.spec_from_file_location("generate_figures", ROOT / "docs" / "generate_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    image = PIL.new("RGB", (1800, 600), "white")
+    for x in range(0, 1800, 7):  # line art: a few colours
+        image.putpixel((x, x % 600), (31, 119, 180))
+    source, target = tmp_path / "wide.png", tmp_path / "small.png"
+    image.save(source)
+    module.shrink_png(source, target, max_width=900)
+    with PIL.open(target) as small:
+        assert small.size == (900, 300) and small.mode == "P"
+    module.shrink_png(target, tmp_path / "same.png", max_width=900)  # narrow enough: not resized
+    with PIL.open(tmp_path / "same.png") as same:
+        assert same.size == (900, 300)
