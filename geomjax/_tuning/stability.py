@@ -115,7 +115,12 @@ def feedback_rate(field, x):
 
     ```
     """
-    x = jnp.asarray(x)
+    return _feedback_rate(field, jnp.asarray(x))
+
+
+@eqx.filter_jit
+def _feedback_rate(field, x):
+    # Compiled (a Hessian of V op by op outside jit takes seconds); inlined under jit.
     hess = jax.hessian(field.lyapunov)(x)
     ell = _metric_value(field, x)
     if ell is None:
