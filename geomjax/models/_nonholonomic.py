@@ -63,7 +63,9 @@ def knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=jnp.pi / 6, omega=2.0) -> Model
     Defaults (ours; the seed's were lost): m = J = 1, g = 9.81, α = π/6, Ω = 2.
 
     `quantity_names = ("J", "H", "p_phi")`: p_φ is conserved on the constraint set (the
-    true motion); off it the extended field changes it at the rate −J·(p_x cos φ + p_y sin φ).
+    true motion); off it the extended field changes it at the rate
+    ṗ_φ = +J·(p_x cos φ + p_y sin φ), J = (p_x sin φ − p_y cos φ)/m the constraint momentum
+    (tests/test_nonholonomic_extras.py checks the sign against the derived field).
 
     Example:
 
