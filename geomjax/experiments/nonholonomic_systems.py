@@ -8,6 +8,16 @@ roller racer, Heisenberg system) four runs from the same start on the constraint
   embedded group), the seed's method;
 - Euler and RK4 on the extended field X alone (`geomjax.nonholonomic_field`), no feedback.
 
+Two systems differ (docs/reproductions.md says why): `heisenberg` starts off the
+constraint set (on it the motion is a straight line that every method reproduces
+exactly), with the feedback targets of the start on it; `vertical-disk` also runs seed
+001's own extension (60), in which all momenta are conserved everywhere
+(`vertical_disk(extension="seed")`), with the seed's feedback (61).
+
+Figures: the errors of the monitored quantities (one log panel each; a panel's title
+names the methods whose error is exactly zero and so not drawn), the error against the
+reference, and the path in the (x, y) plane with a zoom on its end points.
+
 The runs without feedback are made with `drift_tol=None`, so their curves show the whole
 drift; the summary table's "default check" column gives the status `geomjax.integrate`'s
 default monitoring (drift_tol = 1e-2) reports for each method ("ok" or the status and
@@ -377,7 +387,7 @@ def _plot_paths(path, runs, model, setup: Setup, styles):
     span = np.ptp(np.concatenate([np.asarray(r.solution.xs)[:, [i, j]] for r in runs]), axis=0)
     if span.min() > 0.25 * span.max():
         full.set_aspect("equal", adjustable="datalim")
-    full.set_title(f"path of the contact point, t ≤ {setup.t_final:g}", fontsize="medium")
+    full.set_title(f"path in the (x, y) plane, t ≤ {setup.t_final:g}", fontsize="medium")
     centre = ends.mean(axis=0)
     half = max(1.5 * np.abs(ends - centre).max(), 1e-6 * (1.0 + np.abs(centre).max()))
     zoom.set_xlim(centre[0] - half, centre[0] + half)
