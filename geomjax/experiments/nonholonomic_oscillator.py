@@ -239,7 +239,7 @@ def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, secti
             ts,
             errors,
             names,
-            title=f"nonholonomic oscillator (ε = 0.3, h = {setup.dt:g}): constraint J, energy H, y-energy $H_y$"
+            title=f"nonholonomic oscillator (ε = 0.3, h = {setup.dt:g}): constraint $J$, energy $H$, y-energy $H_y$"
             "\n(seed Fig. 6; the seed compared feedback Euler with the first-order DLA)",
             styles=styles,
             ncols=3,

@@ -47,7 +47,7 @@ import numpy as np
 import geomjax
 
 from . import register
-from ._common import Method, default_check, max_finite, method_styles, plot_error_grid, plot_log_errors, run_method
+from ._common import Method, default_check, max_finite, method_styles, run_method
 
 
 @dataclass(frozen=True)
