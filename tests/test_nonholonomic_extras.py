@@ -2,6 +2,8 @@
 momentum-conserving extension of the vertical disk, and the sign of the knife edge's ṗ_φ
 off the constraint set."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +31,7 @@ def test_first_order_dla_has_order_one_and_keeps_the_constraint():
     finals = [_run(OSC.x0, t / n, n) for n in (20, 40, 80, 160)]
     for x in finals:
         assert abs(float(_constraint(x))) < 1e-12
-    differences = [float(jnp.abs(a - b).max()) for a, b in zip(finals[:-1], finals[1:])]
+    differences = [float(jnp.abs(a - b).max()) for a, b in itertools.pairwise(finals)]
     slopes = np.log2(np.array(differences[:-1]) / np.array(differences[1:]))
     assert np.all(np.abs(slopes - 1.0) < 0.1), slopes
 

@@ -116,7 +116,7 @@ DRIFT_WINDOW = 50.0
 def window_means(xs, ts, window=DRIFT_WINDOW):
     """⟨x²⟩ over consecutive windows of `window` time units (a torus has fixed averages)."""
     xs, ts = np.asarray(xs), np.asarray(ts)
-    count = int(round(float(ts[-1]) / window))
+    count = round(float(ts[-1]) / window)
     return np.array([np.mean(xs[(ts >= k * window) & (ts < (k + 1) * window), 0] ** 2) for k in range(count)])
 
 
@@ -133,7 +133,7 @@ def _drift_runs(model, gains, progress):
         for h in steps:
             kwargs = {} if method is None else {"method": method}
             sol = geomjax.integrate(
-                target, model.x0, dt=h, steps=int(round(DRIFT_T / h)), save_every=int(round(0.01 / h)),
+                target, model.x0, dt=h, steps=round(DRIFT_T / h), save_every=round(0.01 / h),
                 drift_tol=None, throw=False, progress=f"{name}, h = {h:g}" if progress else False, **kwargs,
             )
             means = window_means(sol.xs, sol.ts)
