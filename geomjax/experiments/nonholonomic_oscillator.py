@@ -52,7 +52,14 @@ import numpy as np
 import geomjax
 
 from . import register
-from ._common import Method, default_check, max_finite, method_styles, plot_error_grid, run_method
+from ._common import (
+    Method,
+    default_check,
+    max_finite,
+    method_styles,
+    plot_error_grid,
+    run_method,
+)
 
 NAME = "nonholonomic-oscillator"
 
