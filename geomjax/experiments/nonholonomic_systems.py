@@ -358,19 +358,19 @@ def _plot_error(path, ts, exact: dict, title, styles):
     return _save(fig, path)
 
 
-def _plot_paths(path, runs, model, setup: Setup, styles):
-    """The path of the contact point, and a zoom on its end where the methods part."""
+def _plot_paths(path, runs, ref, ref_name, setup: Setup, styles):
+    """The path in the (x, y) plane, and a zoom on its end where the methods part; `ref`
+    (the exact solution or the reference run at the saves) in grey where there is one."""
     from matplotlib.figure import Figure
 
     i, j = setup.path_indices
     fig = Figure(figsize=(11.0, 5.0), layout="constrained")
     full, zoom = fig.subplots(1, 2)
     ends = []
-    if model.exact is not None and setup.start_offset is None:
-        ts = np.linspace(0.0, setup.t_final, 1000)
-        ref = np.asarray(jax.jit(jax.vmap(model.exact))(jnp.asarray(ts)))
+    if ref is not None:
+        label = ref_name.split(" (")[0]
         for ax in (full, zoom):
-            ax.plot(ref[:, i], ref[:, j], color="black", linewidth=3.0, alpha=0.25, label="exact")
+            ax.plot(ref[:, i], ref[:, j], color="black", linewidth=3.0, alpha=0.25, label=label)
         ends.append(ref[-1, [i, j]])
     for r in runs:
         xs = np.asarray(r.solution.xs)
@@ -459,7 +459,7 @@ def run_system(setup: Setup, out_dir: pathlib.Path, progress: bool) -> dict:
             )
         )
     if setup.path_indices is not None:
-        figures.append(_plot_paths(out_dir / f"{setup.name}_path.png", runs, model, setup, styles))
+        figures.append(_plot_paths(out_dir / f"{setup.name}_path.png", runs, ref, ref_name, setup, styles))
 
     y = geomjax.feedback_field(model.system, model.x0, gains=jnp.asarray(setup.gains))
     limit = float(y.euler_step_limit(model.x0))
