@@ -300,8 +300,9 @@ def _reference(model, setup: Setup, ts):
 
 
 def _zero_note(ax, series: dict) -> None:
-    """Say in the panel's title which curves a log axis cannot show: the methods whose error
-    is exactly 0 at every save after the start (not drawn) or at most of them (gaps)."""
+    """Say in the panel's title which curves cannot be seen: the methods whose error is
+    exactly 0 at every save after the start (not drawn on a log axis) or at most of them
+    (gaps), and pairs of curves on top of each other."""
     everywhere, mostly = [], []
     for name, y in series.items():
         zero = np.asarray(y, dtype=float)[1:] == 0.0  # the start is 0 for every method
@@ -309,8 +310,21 @@ def _zero_note(ax, series: dict) -> None:
             everywhere.append(name)
         elif zero.mean() > 0.5:
             mostly.append(name)
+    # curves hidden under another one: equal to 1% at every save
+    hidden = []
+    items = [(n, np.asarray(y, dtype=float)) for n, y in series.items() if n not in everywhere]
+    for a, (name, y) in enumerate(items):
+        for other, z in items[a + 1 :]:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                close = np.abs(y - z) <= 1e-2 * np.maximum(np.abs(y), np.abs(z))
+            if np.all(close[1:]) and np.any(y[1:] > 0):
+                hidden.append(f"{name} = {other}")
     lines = []
-    for label, names in (("exactly 0, not drawn", everywhere), ("0 at most saves (gaps)", mostly)):
+    for label, names in (
+        ("exactly 0, not drawn", everywhere),
+        ("0 at most saves (gaps)", mostly),
+        ("on top of each other (within 1%)", hidden),
+    ):
         if names:
             lines.extend(textwrap.wrap(f"{label}: " + "; ".join(names), 60))
     if lines:
