@@ -10,7 +10,7 @@ are stated in each docstring.
 import jax.numpy as jnp
 from jax.tree_util import Partial
 
-from .._system.structures import canonical
+from .._system.structures import PoissonStructure, canonical
 from .._system.system import System
 from ._model import Model, model_params as _params
 
@@ -63,7 +63,9 @@ def knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=jnp.pi / 6, omega=2.0) -> Model
     Defaults (ours; the seed's were lost): m = J = 1, g = 9.81, α = π/6, Ω = 2.
 
     `quantity_names = ("J", "H", "p_phi")`: p_φ is conserved on the constraint set (the
-    true motion); off it the extended field changes it at the rate −J·(p_x cos φ + p_y sin φ).
+    true motion); off it the extended field changes it at the rate
+    ṗ_φ = +J·(p_x cos φ + p_y sin φ), J = (p_x sin φ − p_y cos φ)/m the constraint momentum
+    (tests/test_nonholonomic_extras.py checks the sign against the derived field).
 
     Example:
 
@@ -134,7 +136,51 @@ def _disk_exact(pr, x0, t):
     return jnp.concatenate([q, p])
 
 
-def vertical_disk(m=1.0, radius=1.0, inertia_heading=0.25, inertia_rolling=0.5, omega_heading=1.0, omega_rolling=2.0) -> Model:
+def _disk_seed_tensor(pr, x):
+    """The almost-Poisson tensor of seed 001's (60): canonical, plus ṗ_x = −φ̇p_y, ṗ_y = φ̇p_x."""
+    px, py = x[4], x[5]
+    zero = jnp.zeros_like(px)
+    rot = jnp.stack(
+        [
+            jnp.stack([zero, zero, -py, zero]),
+            jnp.stack([zero, zero, px, zero]),
+            jnp.stack([py, -px, zero, zero]),
+            jnp.stack([zero, zero, zero, zero]),
+        ]
+    )
+    eye = jnp.eye(4, dtype=x.dtype)
+    return jnp.block([[jnp.zeros((4, 4), x.dtype), eye], [-eye, rot]])
+
+
+def _forward_momentum(x):
+    return x[4] * jnp.cos(x[2]) + x[5] * jnp.sin(x[2])
+
+
+def _lateral_momentum(x):
+    return -x[4] * jnp.sin(x[2]) + x[5] * jnp.cos(x[2])
+
+
+def _disk_constraints(params, x):
+    """The vertical disk's constraint momenta (J₁, J₂) = (ẋ − R cos φ θ̇, ẏ − R sin φ θ̇) at x."""
+    p = x[4:]
+    vel_th = p[3] / params["inertia_rolling"]
+    return jnp.stack(
+        [
+            p[0] / params["m"] - params["radius"] * jnp.cos(x[2]) * vel_th,
+            p[1] / params["m"] - params["radius"] * jnp.sin(x[2]) * vel_th,
+        ]
+    )
+
+
+def vertical_disk(
+    m=1.0,
+    radius=1.0,
+    inertia_heading=0.25,
+    inertia_rolling=0.5,
+    omega_heading=1.0,
+    omega_rolling=2.0,
+    extension="generic",
+) -> Model:
     """A disk rolling upright without slipping on the plane (seed 001 §3.4; Bloch §1.4).
 
     q = (x, y, φ, θ): contact point, heading, rolling angle; H = (p_x² + p_y²)/2m +
@@ -146,8 +192,26 @@ def vertical_disk(m=1.0, radius=1.0, inertia_heading=0.25, inertia_rolling=0.5, 
     Defaults (ours): a uniform thin disk m = R = 1 (I_φ = ¼mR², I_θ = ½mR²), Ω_φ = 1,
     Ω_θ = 2 (ρ = 2), starting at the origin with φ = θ = 0.
 
-    `quantity_names = ("J1", "J2", "H", "p_phi", "p_theta")`; p_φ and p_θ are conserved on
-    the constraint set.
+    `extension` chooses how the motion is continued off the constraint set:
+
+    - `"generic"` (default): `System(H, canonical(4), nonholonomic=ω, integrals=(p_φ, p_θ))`,
+      whose extended field (`geomjax.nonholonomic_field`, seed 001 §2) keeps J and H_ext
+      everywhere but p_φ, p_θ only on J = 0.
+      `quantity_names = ("J1", "J2", "H", "p_phi", "p_theta")`.
+    - `"seed"`: seed 001's modification (60), in which *all* momenta are conserved on the
+      whole phase space: the body momenta μ₁ = p_x cos φ + p_y sin φ (forward),
+      μ₂ = −p_x sin φ + p_y cos φ (lateral), p_φ and p_θ. In these coordinates it is
+      q̇ = ∂H/∂p, ṗ_x = −φ̇ p_y, ṗ_y = φ̇ p_x, ṗ_φ = ṗ_θ = 0 (the space momentum turns with
+      the heading): the field B(x)∇H of the almost-Poisson tensor B = [[0, I], [−I, P(p)]],
+      P's only entries P_{x φ} = −p_y, P_{y φ} = p_x and their negatives
+      (a `geomjax.PoissonStructure`; B fails the Jacobi identity, as nonholonomic brackets
+      do, which neither the field nor its feedback needs). The constraint momenta in the
+      body frame, μ₁/m − Rθ̇ and μ₂/m, are functions of the conserved momenta, so J = 0 is
+      invariant and on it the motion is the rolling disk's. The system has no constraint
+      forms; its integrals are the four momenta, and `geomjax.feedback_field` with gains
+      (0, k, k, k, k) (H left out) is the seed's feedback integrator (61), with V a
+      quadratic in the momenta only.
+      `quantity_names = ("H", "mu_1", "mu_2", "p_phi", "p_theta")`.
 
     Example:
 
@@ -170,15 +234,23 @@ def vertical_disk(m=1.0, radius=1.0, inertia_heading=0.25, inertia_rolling=0.5, 
     x0 = jnp.stack(
         [zero, zero, zero, zero, vel, zero, pr["inertia_heading"] * om_phi, pr["inertia_rolling"] * om_th]
     )
+    exact = Partial(_disk_exact, pr, x0)
+    if extension == "seed":
+        system = System(
+            Partial(_disk_hamiltonian, pr),
+            PoissonStructure(Partial(_disk_seed_tensor, pr), dim=8),
+            integrals=(_forward_momentum, _lateral_momentum, _momentum_heading, _momentum_rolling),
+        )
+        return Model("vertical_disk_seed", system, pr, x0, ("H", "mu_1", "mu_2", "p_phi", "p_theta"), exact)
+    if extension != "generic":
+        raise ValueError(f'extension must be "generic" or "seed", got {extension!r}')
     system = System(
         Partial(_disk_hamiltonian, pr),
         canonical(4),
         nonholonomic=Partial(_disk_forms, pr),
         integrals=(_momentum_heading, _momentum_rolling),
     )
-    return Model(
-        "vertical_disk", system, pr, x0, ("J1", "J2", "H", "p_phi", "p_theta"), Partial(_disk_exact, pr, x0)
-    )
+    return Model("vertical_disk", system, pr, x0, ("J1", "J2", "H", "p_phi", "p_theta"), exact)
 
 
 # --------------------------------------------------------------------------------------
