@@ -66,7 +66,9 @@ import numpy as np
 from _harness import sphere_states
 
 import geomjax
-from geomjax._tuning.tune import _initial_theta, _invariant_drift, _objective, _penalised, _with_theta
+from geomjax._tuning.tune import (
+    _initial_theta, _invariant_drift, _loss_and_grad, _loss_and_grad_forward, _objective, _penalised, _with_theta,
+)
 
 DT = 1e-3
 SLOW = 2.0  # seconds: a call this long is timed once
@@ -679,6 +681,35 @@ def tune_section(problem, steps, batch, iterations, repeat, n_calls=2):
 # --------------------------------------------------------------------------------------
 
 
+def modes_section(probs, configs, repeat):
+    """gains="scalar" (one parameter): the iteration in forward mode (what tune_gains'
+    differentiation="auto" takes for ≤ 3 parameters) and in reverse mode, against the
+    forward run; both from the tuner's own compiled programs."""
+    print()
+    print("=" * 120)
+    print('one iteration with gains="scalar" (1 parameter): forward mode (tune_gains\' "auto") vs reverse mode')
+    print(f"{'problem':<15}{'N':>7}{'B':>6}{'fwd run':>10}{'forward-mode':>14}{'x':>7}{'reverse-mode':>14}{'x':>7}"
+          f"{'|grad diff|':>13}")
+    ratios = []
+    for key, steps, batch in configs:
+        problem = probs[key]
+        field = problem.field
+        obj = _objective("invariants", dt=DT, steps=steps, method=problem.method, save_every=None, checkpoint=True)
+        theta = _initial_theta(field, "scalar", False, field.system.dim)
+        states = problem.states(batch, jax.random.PRNGKey(0))
+        refs = obj.references(field, states)
+        extra = ("scalar", False, 0.9, geomjax.stability_interval(problem.method))
+        args = (obj, field, theta, states, states, refs, *extra)
+        forward = eqx.filter_jit(_penalised)
+        (_, f_run, _), (_, fm_run, fm), (_, rm_run, rm) = interleaved(
+            [forward, _loss_and_grad_forward, _loss_and_grad], args, repeat)
+        diff = float(jnp.abs(fm[1]["gains"] - rm[1]["gains"]))
+        ratios.append(fm_run / f_run)
+        print(f"{key:<15}{steps:>7}{batch:>6}{f_run:>10.4f}{fm_run:>14.4f}{fm_run / f_run:>7.1f}{rm_run:>14.4f}"
+              f"{rm_run / f_run:>7.1f}{diff:>13.1e}", flush=True)
+    return ratios
+
+
 def header(args):
     import jaxlib
 
@@ -755,6 +786,10 @@ def main(argv=None):
     print(f"(section: {time.perf_counter() - started:.0f} s)")
 
     started = time.perf_counter()
+    mode_ratios = modes_section(probs, configs, args.repeat)
+    print(f"(section: {time.perf_counter() - started:.0f} s)")
+
+    started = time.perf_counter()
     memory_section(probs["pendulum-euler"], memory_sizes, rss=not (args.no_rss or args.quick), cases=cases)
     if args.quick:
         print("  (--quick: no RSS subprocesses; the full run measures them)")
@@ -785,7 +820,9 @@ def main(argv=None):
     print(f"iteration run / forward run: {best:.1f}x ({best_case.problem.key}, N = {best_case.steps}, B = "
           f"{best_case.batch}) to {worst:.1f}x ({worst_case.problem.key}, N = {worst_case.steps}, B = "
           f"{worst_case.batch}); compile: {min(compile_ratios):.1f}-{max(compile_ratios):.1f}x; target <= 4x")
-    print(f"tuning iteration / forward sweep: {worst:.1f}x (worst over the configurations)")
+    print(f'gains="scalar", forward mode (tune_gains\' default for <= 3 parameters): iteration / forward '
+          f"{min(mode_ratios):.1f}-{max(mode_ratios):.1f}x")
+    print(f"tuning iteration / forward sweep: {worst:.1f}x (worst over the configurations, default vector gains, reverse mode)")
 
 
 if __name__ == "__main__":

@@ -201,6 +201,30 @@ def test_gradient_of_the_objective_against_finite_differences(double_pendulum):
         np.testing.assert_allclose(np.asarray(grad), np.asarray(fd), rtol=2e-5, atol=1e-5 * np.abs(fd).max())
 
 
+def test_forward_and_reverse_mode_give_the_same_gradient(double_pendulum):
+    """tune_gains' two ways of differentiating the penalised objective (the stability
+    scaling active for the vector gains: h·λ past the bound at these gains)."""
+    from geomjax._tuning.tune import _differentiation, _loss_and_grad, _loss_and_grad_forward
+
+    model, train, _ = double_pendulum
+    obj = _objective("invariants", dt=1e-3, steps=60, method="euler", save_every=20, checkpoint=True)
+    states = jnp.asarray(train[:3])
+    for kind, factor in (("scalar", 1.0), ("vector", 40.0)):
+        field = geomjax.feedback_field(model.system, model.x0, np.array([5.0, 8.0, 3.0, 2.0, 1.0]) * factor)
+        refs = obj.references(field, states)
+        theta = _initial_theta(field, kind, False, field.system.dim)
+        args = (obj, field, theta, states, states, refs, kind, False, 0.9, 2.0)
+        (v_rev, f_rev), g_rev = _loss_and_grad(*args)
+        (v_fwd, f_fwd), g_fwd = _loss_and_grad_forward(*args)
+        assert float(v_fwd) == float(v_rev) and int(f_fwd) == int(f_rev) == 0
+        assert np.all(np.abs(np.asarray(g_rev["gains"])) > 1e-6)
+        np.testing.assert_allclose(np.asarray(g_fwd["gains"]), np.asarray(g_rev["gains"]), rtol=1e-9, atol=1e-12)
+    assert _differentiation("auto", {"gains": jnp.zeros(())}) == "forward"
+    assert _differentiation("auto", {"gains": jnp.zeros(5)}) == "reverse"
+    with pytest.raises(ValueError, match="differentiation must be"):
+        _differentiation("backward", {"gains": jnp.zeros(())})
+
+
 def test_matrix_gains_metric_reference_and_user_objectives():
     starts = np.stack([PENDULUM.x0, PENDULUM.x0 * np.array([1, 1, 1, 0.7, 1, 0.7])])
     Y = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, 2.0)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from .._driver.grid import zipped
 from .._driver.sweep import sweep
@@ -211,6 +212,35 @@ def _penalised(obj, field, theta, train, states, refs, kind, metric, stability, 
 
 _loss_and_grad = eqx.filter_jit(jax.value_and_grad(_penalised, argnums=2, has_aux=True))
 
+# Forward mode pays about one forward run per parameter and stores nothing; reverse mode
+# pays a backward loop whose cost does not grow with the parameters. Forward wins up to
+# about this many (measured on CPU, B = 16–256: 1 parameter 4.8–9× the forward run against
+# 10–33× in reverse; 4 parameters 12–44× against 10–29×; benchmarks/tuning.py).
+_FORWARD_MAX_PARAMETERS = 3
+
+
+@eqx.filter_jit
+def _loss_and_grad_forward(obj, field, theta, *rest):
+    """`_loss_and_grad` in forward mode: one JVP per parameter, batched by `vmap`."""
+    flat, unravel = ravel_pytree(theta)
+    loss = lambda v: _penalised(obj, field, unravel(v), *rest)
+    if flat.size == 1:
+        value, tangent, aux = jax.jvp(loss, (flat,), (jnp.ones_like(flat),), has_aux=True)
+        tangent = tangent[None]
+    else:
+        one = lambda t: jax.jvp(loss, (flat,), (t,), has_aux=True)
+        value, tangent, aux = jax.vmap(one, out_axes=(None, 0, None))(jnp.eye(flat.size, dtype=flat.dtype))
+    return (value, aux), unravel(tangent)
+
+
+def _differentiation(mode: str, theta) -> str:
+    if mode not in ("auto", "forward", "reverse"):
+        raise ValueError(f"differentiation must be 'auto', 'forward' or 'reverse', got {mode!r}")
+    if mode != "auto":
+        return mode
+    size = sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(theta))
+    return "forward" if size <= _FORWARD_MAX_PARAMETERS else "reverse"
+
 
 @eqx.filter_jit
 def _held_out(obj, field, theta, train, states, refs, kind, metric, stability, bound):
@@ -366,6 +396,7 @@ def tune_gains(
     save_every: int | None = None,
     stability: float = 0.9,
     checkpoint: bool = True,
+    differentiation: str = "auto",
     progress: bool = False,
 ) -> TuningResult:
     """Tune the gains K (and optionally the metric L) of a feedback field with optax.
@@ -381,8 +412,10 @@ def tune_gains(
     - a callable `objective(xs, x0) ↦ scalar` per member (xs the member's saves, the
       start included, shape (saves, n)).
 
-    Gradients go through the whole run (reverse mode, each save block rematerialised
-    when `checkpoint`). The gains stay valid by construction: a scalar scale
+    Gradients go through the whole run: in forward mode (one JVP per parameter; nothing
+    stored) or reverse mode (each save block rematerialised when `checkpoint`);
+    `differentiation="auto"` takes forward mode for at most 3 parameters (a scalar gain
+    scale, say), where it is the cheaper of the two. The gains stay valid by construction: a scalar scale
     K = e^s K₀ (`gains="scalar"`), one e^{θᵢ} per entry of F (`"vector"`; zero gains stay
     zero), or K = CCᵀ with C lower triangular with a log diagonal (`"matrix"`); a tuned
     metric is diagonal (e^μ) or Cholesky-parametrised (`tune_metric="diagonal"/"full"`).
@@ -406,6 +439,8 @@ def tune_gains(
     - `optimizer`: an optax transformation (default `optax.adam(0.2)`, on log-gains).
     - `iterations`: optax steps.
     - `stability`: the fraction of the stability interval allowed, in (0, 1).
+    - `differentiation`: `"auto"`, `"forward"` or `"reverse"` (same gradient, to
+      round-off).
     - `progress`: print the objective at each iteration.
 
     **Returns:** a `geomjax.TuningResult` (`field`, `gains`, `history`, objectives before
@@ -430,7 +465,7 @@ def tune_gains(
     dim = field.system.dim
     x0s = _as_states(x0s, dim, "x0s")
     held = None if held_out is None else _as_states(held_out, dim, "held_out")
-    kind = gains or ("vector" if np.ndim(field.gains) == 1 else "matrix")
+    kind = gains or ("scalar", "vector", "matrix")[min(np.ndim(field.gains), 2)]
     if kind not in _KINDS:
         raise ValueError(f"gains must be one of {_KINDS}, got {gains!r}")
     if tune_metric not in _METRICS:
@@ -454,12 +489,13 @@ def tune_gains(
         return theta, frac
 
     theta, frac = project(_initial_theta(field, kind, tune_metric, dim))
+    loss_and_grad = _loss_and_grad_forward if _differentiation(differentiation, theta) == "forward" else _loss_and_grad
     refs = obj.references(field, x0s)
     state = optimizer.init(theta)
     history = {"objective": [], "gains": [], "stability_fraction": [], "failed": [], "skipped": []}
     current, thetas = theta, []
     for it in range(iterations + 1):
-        (value, failed), grad = _loss_and_grad(obj, field, current, x0s, x0s, refs, *problem)
+        (value, failed), grad = loss_and_grad(obj, field, current, x0s, x0s, refs, *problem)
         history["objective"].append(float(value))
         history["gains"].append(np.asarray(_with_theta(field, current, kind, tune_metric).gains))
         history["stability_fraction"].append(frac)
