@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._status import RESULTS
+from .._status import RESULTS, status_names
 
 
 class IntegrationError(RuntimeError):
@@ -48,6 +48,30 @@ class Solution(eqx.Module):
     def status(self):
         """The integer code of `result`: 0 on success (an array under vmap)."""
         return self.result._value
+
+    @property
+    def status_name(self):
+        """The name of `result` (`"successful"`, `"diverged"`, …), for labels and logs; a
+        NumPy array of names under vmap. (`str(sol.result)` is equinox's repr of the item.)
+
+        Example:
+
+        ```python
+        >>> import jax.numpy as jnp, geomjax
+        >>> decay = geomjax.FunctionStep(lambda x, h: x * (1.0 - h))
+        >>> geomjax.integrate(decay, jnp.array([1.0]), dt=0.5, steps=2).status_name
+        'successful'
+        >>> blow_up = geomjax.FunctionStep(lambda x, h: x / (h - 0.5))
+        >>> geomjax.integrate(blow_up, jnp.array([1.0]), dt=0.5, steps=2, throw=False).status_name
+        'nonfinite_first_step'
+
+        ```
+        """
+        names = status_names()
+        codes = np.asarray(self.status)
+        if codes.ndim == 0:
+            return names[int(codes)]
+        return np.vectorize(names.__getitem__, otypes=[object])(codes).astype(str)
 
     @property
     def ok(self):
