@@ -186,3 +186,11 @@ def test_euler_step_limit_predicts_feedback_blow_up(spherical):
     assert float(jnp.max(jnp.abs(err))) < 1e-2
     with pytest.raises(geomjax.IntegrationError, match="stability limit"):
         geomjax.integrate(field, spherical.x0, dt=3.0 * limit, steps=400, save_every=400)
+
+
+def test_status_name_reads_the_status_one_run_and_under_vmap():
+    blow_up = geomjax.FunctionStep(lambda x, h: x / (x - 2.0))  # x = 2 → inf at the first step
+    runs = jax.vmap(lambda x: geomjax.integrate(blow_up, x, dt=0.1, steps=3, throw=False))(jnp.array([[1.0], [2.0]]))
+    assert runs.status_name.tolist() == ["successful", "nonfinite_first_step"]
+    one = geomjax.integrate(blow_up, jnp.array([1.0]), dt=0.1, steps=3)
+    assert one.status_name == "successful" and isinstance(one.status_name, str)
