@@ -364,3 +364,62 @@ def format_table(
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(columns), rule, *(line(r) for r in cells)])
+
+
+# --------------------------------------------------------------------------------------
+# Options (`geomjax reproduce NAME --dt H --t-final T --gains K`)
+
+
+def gains_like(default, gains):
+    """`gains` (a tuple from the `--gains` option) shaped like `default`: one value is used
+    for every gain; otherwise there must be as many values as `default` has entries."""
+    if gains is None:
+        return default
+    if np.ndim(default) == 0:
+        if len(gains) != 1:
+            raise ValueError(f"--gains takes one value here (a single gain k for every quantity), got {len(gains)}")
+        return type(default)(gains[0]) if isinstance(default, float) else gains[0]
+    n = len(default)
+    if len(gains) == 1:
+        return tuple(gains * n)
+    if len(gains) != n:
+        raise ValueError(f"--gains takes 1 or {n} values here (one per gain), got {len(gains)}")
+    return tuple(gains)
+
+
+def with_options(setup, *, dt=None, t_final=None, gains=None):
+    """A frozen dataclass `setup` with fields `dt`, `steps`, `save_every` (and `gains`)
+    after the options: `dt` keeps the horizon (steps = t_final/dt), `t_final` sets the
+    number of steps at the step size, `gains` goes through `gains_like`. The number of
+    steps is rounded to a multiple of `save_every` (at least one save interval), the
+    saving stride shrinks when the run is shorter than it, so the horizon is met to
+    within one save interval.
+
+    ```python
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class S:
+    ...     dt: float = 1e-3
+    ...     steps: int = 1000
+    ...     save_every: int = 10
+    ...     gains: float = 50.0
+    >>> with_options(S(), dt=1e-2)
+    S(dt=0.01, steps=100, save_every=10, gains=50.0)
+    >>> with_options(S(), t_final=0.05, gains=(5.0,))
+    S(dt=0.001, steps=50, save_every=10, gains=5.0)
+
+    ```
+    """
+    import dataclasses
+
+    changes = {}
+    new_dt = setup.dt if dt is None else float(dt)
+    horizon = setup.dt * setup.steps if t_final is None else float(t_final)
+    if dt is not None or t_final is not None:
+        steps = max(1, int(round(horizon / new_dt)))
+        save_every = max(1, min(setup.save_every, steps))
+        steps = save_every * max(1, int(round(steps / save_every)))
+        changes.update(dt=new_dt, steps=steps, save_every=save_every)
+    if gains is not None:
+        changes["gains"] = gains_like(setup.gains, gains)
+    return dataclasses.replace(setup, **changes)
