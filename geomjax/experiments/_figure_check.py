@@ -36,6 +36,7 @@ raises with all the problems listed.
 """
 
 import itertools
+import warnings
 
 import numpy as np
 
@@ -50,7 +51,10 @@ def _renderer(fig):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    with np.errstate(over="ignore", invalid="ignore"):
+    # The draw's own warnings (e.g. "Data has no positive values" on a log axis) are what
+    # the checks below report, in words that name the series.
+    with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
         canvas.draw()
     return canvas.get_renderer()
 
@@ -173,7 +177,10 @@ def _series_problems(fig) -> list[str]:
             in_x, in_y = line.get_transform().contains_branch_seperately(ax.transData)
             ok = np.isfinite(x) & np.isfinite(y)
             if not ok.any():
-                problems.append(f"{_axes_name(fig, ax)}: series {_line_label(line)!r} has no finite point")
+                problems.append(
+                    f"{_axes_name(fig, ax)}: series {_line_label(line)!r} has no finite point (all NaN or inf: "
+                    "an invisible curve)"
+                )
                 continue
             for which, on, scale, values in (("x", in_x, ax.get_xscale(), x), ("y", in_y, ax.get_yscale(), y)):
                 if on and scale == "log" and not np.any(ok & (values > 0)):

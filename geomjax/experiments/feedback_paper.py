@@ -570,9 +570,11 @@ def _register(key: str):
         f"Chang-Jimenez-Perlmutter 2016: {setup.title}; max errors of the first integrals vs h, feedback Euler "
         f"vs {'projection, splitting' if setup.embedding else 'Stormer-Verlet, feedback RK4'}, RK4, Euler; "
         f"{setup.horizon_note}",
+        options=("t_final",),
+        quick={"hs": (1e-1, 1e-2), "t_final": 1.0},
     )
-    def run(out_dir: pathlib.Path, progress: bool) -> dict:
-        return run_setup(setup, out_dir, progress)
+    def run(out_dir: pathlib.Path, progress: bool, **options) -> dict:
+        return run_setup(setup, out_dir, progress, **options)
 
     return run
 

@@ -728,6 +728,7 @@ def _short(gains) -> str:
     "Issue 12: feedback gains (paper, adaptive, rule of thumb, tuned with optax) on held-out starts for the "
     "spherical and double pendulums and Kepler, Euler and RK4; error vs h and vs force evaluations against "
     "RATTLE / Stormer-Verlet (seed 000 Fig. 6 revisited)",
+    quick={"settings": QUICK},
 )
 def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None) -> dict:
     """Tune, evaluate on held-out states, sweep h; write the figures, return the metrics."""
