@@ -170,7 +170,8 @@ def _fixed_step_sweep(step, x0, t_final, reference, step_counts):
 def _dopri8_sweep(field, x0, t_final, reference, tolerances):
     inner = 100
 
-    @eqx.filter_jit
+    # rtol/atol are static options of geomjax.integrate (part of the compiled program's
+    # key), so each tolerance is passed as a Python number and compiles its own program.
     def run(tol):
         # Monitoring off, so loose tolerances still give a point on the curve; the default
         # check is replayed on the 101 saved states (what integrate's default would say).
@@ -190,7 +191,7 @@ def _dopri8_sweep(field, x0, t_final, reference, tolerances):
 
     rows = []
     for tol in tolerances:
-        tol_arr = jnp.asarray(tol)
+        tol_arr = float(tol)
         sol = run(tol_arr)
         x = np.asarray(sol.xs[-1])
         ok = bool(sol.ok) and np.all(np.isfinite(x))
@@ -273,7 +274,8 @@ def run(out_dir: pathlib.Path, progress: bool, step_counts=STEP_COUNTS, toleranc
     reference, ref_nfev = reference_state(t_final, params["m"], params["g"], params["length"])
     ref_vs_start = float(np.linalg.norm(reference - np.asarray(x0)))
 
-    feedback = geomjax.feedback_field(model.system, x0, gains=jnp.asarray(gains))
+    # One gain for all (the default) goes in as a Python number, as before.
+    feedback = geomjax.feedback_field(model.system, x0, gains=gains[0] if len(set(gains)) == 1 else jnp.asarray(gains))
     fixed = {
         "RATTLE": geomjax.rattle(holonomic.system),
         "feedback Euler": geomjax.explicit_rk(feedback, geomjax.EULER),

@@ -238,6 +238,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
             ["$q_1$", "$q_2$", "$q_3$"],
             title=f"Trajectory q(t), {subtitle} (seed 000 Fig. 1)",
             styles=styles,
+            difference_to="RATTLE" if "RATTLE" in positions else None,
         )
     ]
     for j, q in enumerate(names):
