@@ -88,3 +88,12 @@ def test_checker_passes_a_readable_figure():
     ax.set_title("fine")
     fig.legend(loc="outside right upper")
     assert figure_problems(fig) == []
+
+
+def test_checker_finds_a_thin_path_at_equal_aspect():
+    fig, ax = _fig()
+    s = np.linspace(0.0, 10.0, 100)
+    ax.plot(0.1 * np.sin(s), s, label="path")
+    ax.set_aspect("equal", adjustable="datalim")
+    problems = figure_problems(fig)
+    assert any("mostly empty" in p for p in problems), problems

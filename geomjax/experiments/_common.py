@@ -280,18 +280,27 @@ def _draw_log_errors(ax, ts, series: Mapping[str, np.ndarray], styles, ylabel):
     """One log-scale curve per series; a series with no positive value (exactly zero at
     every save: nothing a log axis can draw) is named in a note in the panel instead."""
     undrawable = []
-    for name, err in series.items():
+    n = len(np.asarray(ts))
+    for i, (name, err) in enumerate(series.items()):
         shown = _positive(err)
         if not np.any(np.isfinite(shown)):
             undrawable.append(name)
             continue
-        ax.plot(np.asarray(ts), shown, label=name, **styles.get(name, {}))
+        ax.plot(np.asarray(ts), shown, label=name, **_marked(styles.get(name, {}), i, len(series), n))
     if undrawable:
         ax.text(0.01, 0.02, f"exactly 0 (not drawn): {', '.join(undrawable)}", transform=ax.transAxes,
                 fontsize="x-small", color="0.3", ha="left", va="bottom")
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
+
+
+def _marked(style, index, count, n_points):
+    """`style` with a marker of its own (`MARKERS[index]`, hollow) placed every
+    n_points/12 points, staggered by series, unless the style sets one: curves that agree
+    to a line width stay distinguishable."""
+    return {"marker": MARKERS[index % len(MARKERS)], "markersize": 4, "markerfacecolor": "none",
+            "markevery": _markevery(n_points, index, count), **style}
 
 
 def _legend_handles(names, styles):
@@ -320,7 +329,8 @@ def plot_log_errors(
     ax.set_xlabel(xlabel)
     if title:
         _title(fig, None, title, 11.0)
-    fig.legend(*_legend_handles(series, styles), loc="outside right upper", fontsize="small")
+    marked = {n: _marked(styles.get(n, {}), i, len(series), 1) for i, n in enumerate(series)}
+    fig.legend(*_legend_handles(series, marked), loc="outside right upper", fontsize="small")
     return _save(fig, path)
 
 
@@ -347,7 +357,8 @@ def plot_error_grid(
             ax.set_xlabel(xlabel)
     for ax in list(axes.flat)[m:]:
         ax.set_visible(False)
-    handles, labels = _legend_handles(errors, styles)
+    handles, labels = _legend_handles(errors, {n: _marked(styles.get(n, {}), i, len(errors), 1)
+                                               for i, n in enumerate(errors)})
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
     if title:
         _title(fig, None, title)

@@ -17,7 +17,9 @@ and returns one sentence per defect found:
   whose points are within `coincide_px` pixels of each other everywhere: only the one
   drawn last can be seen;
 - **legend over data**: a legend inside an Axes whose box hides more than
-  `legend_cover` of the drawn points of a series of that Axes.
+  `legend_cover` of the drawn points of a series of that Axes;
+- **mostly empty panel**: an Axes with a fixed aspect (`set_aspect("equal")`) where the
+  box around its lines fills less than `min_fill` of the panel.
 
 The checks look only at the figure, so they apply to any figure; `assert_readable(fig)`
 raises with all the problems listed.
@@ -281,7 +283,32 @@ def _legend_over_data(fig, renderer, legend_cover) -> list[str]:
     return problems
 
 
-def figure_problems(fig, *, tol_px: float = 1.0, coincide_px: float = 1.0, legend_cover: float = 0.05) -> list[str]:
+def _mostly_empty(fig, renderer, min_fill) -> list[str]:
+    """Axes with a fixed aspect (`set_aspect("equal")`): the box around the drawn lines
+    should fill a fair share of the panel (a long thin path at equal aspect leaves most
+    of it blank)."""
+    problems = []
+    for ax in fig.axes:
+        if not ax.get_visible() or ax.get_aspect() == "auto" or not ax.lines:
+            continue
+        pts = [_display_points(ln) for ln in ax.lines if ln.get_visible()]
+        pts = np.concatenate([p[np.all(np.isfinite(p), axis=1)] for p in pts]) if pts else np.zeros((0, 2))
+        if len(pts) < 2:
+            continue
+        frame = ax.get_window_extent(renderer)
+        lo = np.maximum(pts.min(axis=0), [frame.x0, frame.y0])
+        hi = np.minimum(pts.max(axis=0), [frame.x1, frame.y1])
+        fill = float(np.prod(np.maximum(hi - lo, 0.0))) / max(frame.width * frame.height, 1.0)
+        if fill < min_fill:
+            problems.append(
+                f"{_axes_name(fig, ax)}: with its fixed aspect the data fill {100 * fill:.0f}% of the panel "
+                "(mostly empty: let the aspect follow the data, or crop the limits)"
+            )
+    return problems
+
+
+def figure_problems(fig, *, tol_px: float = 1.0, coincide_px: float = 1.0, legend_cover: float = 0.05,
+                    min_fill: float = 0.25) -> list[str]:
     """The detectable readability defects of `fig`, one sentence each (empty: none found).
 
     The figure is drawn once (Agg, its own dpi, its layout engine), then every check runs
@@ -295,6 +322,7 @@ def figure_problems(fig, *, tol_px: float = 1.0, coincide_px: float = 1.0, legen
         *_overlapping_texts(fig, renderer),
         *_coinciding(fig, renderer, coincide_px),
         *_legend_over_data(fig, renderer, legend_cover),
+        *_mostly_empty(fig, renderer, min_fill),
     ]
 
 

@@ -44,7 +44,7 @@ from jax import lax
 import geomjax
 
 from . import register
-from ._common import _figure, _save, max_finite
+from ._common import MARKERS, _figure, _markevery, _save, max_finite
 
 NAME = "damped-foucault"
 ALPHAS = (1e-3, 1e-4)
@@ -203,8 +203,10 @@ def _plot_figure_2(path, runs, models):
         ts = run["ts"]
         ax = axes[row, 0]
         ax.plot(ts, run["exact_energy"], color="black", linewidth=0.8, linestyle="--", label="exact")
-        for name, data in run["methods"].items():
-            ax.plot(ts, data["energy"], color=COLOURS[name], linewidth=0.6, label=name)
+        # A method can follow the exact energy to a line width: markers (staggered) show it.
+        for i, (name, data) in enumerate(run["methods"].items()):
+            ax.plot(ts, data["energy"], color=COLOURS[name], linewidth=0.6, label=name, marker=MARKERS[i],
+                    markersize=4, markerfacecolor="none", markevery=_markevery(len(ts), i, len(run["methods"])))
         ax.set_xlabel("t [s]")
         ax.set_ylabel("energy [J]")
         ax.set_title(f"{'ac'[row]}) energy, alpha = {alpha:g}, h = {H:g} s", fontsize="small")
@@ -283,8 +285,9 @@ def _plot_errors(path, runs, orders, config: Config):
     hs = np.asarray(config.order_hs)
     for alpha in ALPHAS:
         for name, (errs, p) in orders[str(alpha)].items():
-            axes[0, 1].loglog(hs, errs, "o" + styles[alpha], color=COLOURS[name], markersize=3,
-                              label=f"{name}, alpha = {alpha:g}: order {p:.2f}")
+            # the two alphas give nearly the same errors: one marker each tells them apart
+            axes[0, 1].loglog(hs, errs, styles[alpha], marker="o" if alpha == ALPHAS[0] else "s", color=COLOURS[name],
+                              markersize=5, markerfacecolor="none", label=f"{name}, alpha = {alpha:g}: order {p:.2f}")
     axes[0, 1].set_xlabel("h [s]")
     axes[0, 1].set_ylabel(f"|q(T) - q_exact(T)| [m], T = {config.order_t:g} s")
     axes[0, 1].set_title("convergence of the positions (closed form)", fontsize="small")
@@ -304,8 +307,10 @@ def _plot_refinement(path, refinement, config: Config):
             jumps = np.abs(np.degrees(r["ensemble_max_jump"]))
             axes[0, 0].scatter(np.full(jumps.shape, r["h"] * shift), jumps, s=8, color=COLOURS[name],
                                marker=markers[alpha], alpha=0.6)
-        axes[0, 1].plot(hs, [r["fraction_above"] for r in rows], marker=markers[alpha], color=COLOURS[name],
-                        label=f"{name}, alpha = {alpha:g}")
+        # contact and LA can have the same fractions: their own markers and a small shift keep both visible
+        axes[0, 1].plot(hs * shift, [r["fraction_above"] for r in rows], marker=markers[alpha],
+                        markerfacecolor="none" if name == "LA" else COLOURS[name], markersize=6,
+                        linestyle="--" if name == "LA" else "-", color=COLOURS[name], label=f"{name}, alpha = {alpha:g}")
     axes[0, 0].axhline(JUMP_DEG, color="black", linestyle=":", linewidth=0.8)
     axes[0, 0].set_xscale("log")
     axes[0, 0].set_yscale("log")

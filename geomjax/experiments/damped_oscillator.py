@@ -52,7 +52,7 @@ import geomjax
 from geomjax import diagnostics
 
 from . import register
-from ._common import _figure, _save, max_finite, method_styles
+from ._common import MARKERS, _figure, _markevery, _save, max_finite, method_styles
 
 NAME = "damped-oscillator"
 
@@ -280,20 +280,23 @@ def _plot_figure_1(path, runs, styles, config: Config):
         ts = run["ts"]
         ax = axes[0, j]
         ax.plot(ts, run["exact"][:, 0], color="black", linewidth=2.0, alpha=0.3, label="exact")
-        for name, (xs, _) in run["methods"].items():
-            ax.plot(ts, xs[:, 0], label=name, **styles[name])
+        # The methods agree to a line width here: staggered markers tell them apart.
+        for i, (name, (xs, _)) in enumerate(run["methods"].items()):
+            ax.plot(ts, xs[:, 0], label=name, marker=MARKERS[i], markersize=4,
+                    markevery=_markevery(len(ts), i, len(run["methods"])), **styles[name])
         ax.set_ylabel("q")
         ax.set_title(rf"solutions, $\alpha$ = {alpha:g}, h = {config.h:g}, $(p_0, q_0)$ = (0.75, -0.25)", fontsize="small")
         for row, (ref_name, ref) in ((1, ("leapfrog h/10", run["leapfrog"])), (2, ("exact", run["exact"]))):
             ax = axes[row, j]
-            for name, (xs, _) in run["methods"].items():
-                ax.plot(ts[1:], _relative(xs, ref)[1:], label=name, **styles[name])
+            for i, (name, (xs, _)) in enumerate(run["methods"].items()):
+                ax.plot(ts[1:], _relative(xs, ref)[1:], label=name, marker=MARKERS[i], markersize=4,
+                        markevery=_markevery(len(ts) - 1, i, len(run["methods"])), **styles[name])
             ax.set_yscale("log")
             ax.set_ylabel(f"relative error vs {ref_name}")
             ax.grid(True, which="major", alpha=0.3)
         axes[2, j].set_xlabel("t")
         axes[0, j].grid(True, alpha=0.3)
-    axes[0, 0].legend(loc="upper right", fontsize="x-small")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize="small")
     fig.suptitle("damped oscillator (seed 002 Fig. 1): contact (eq. 10) vs Lagrange-d'Alembert (eq. 7)")
     return _save(fig, path)
 
@@ -304,9 +307,11 @@ def _plot_orders(path, table, orders, styles, config: Config):
     colours = ("tab:purple", "tab:brown", "tab:blue", "tab:green", "tab:olive", "tab:gray")
     for i, method in enumerate(ORDER_METHODS):
         ax = axes[0, i]
-        for c, alpha in zip(colours, config.order_alphas):
+        # Errors for small alpha agree to a line width: one marker per alpha tells them apart.
+        for k, (c, alpha) in enumerate(zip(colours, config.order_alphas)):
             p = orders[method.name][alpha]
-            ax.loglog(hs, table[method.name][alpha], "o-", color=c, markersize=3, label=rf"$\alpha$={alpha:g}: p={p:.2f}")
+            ax.loglog(hs, table[method.name][alpha], "-", marker=MARKERS[k], color=c, markersize=4,
+                      markerfacecolor="none", label=rf"$\alpha$={alpha:g}: p={p:.2f}")
         ax.loglog(hs, 0.5 * hs, "k:", linewidth=0.8)
         ax.loglog(hs, 0.05 * hs**2, "k--", linewidth=0.8)
         ax.set_title(f"{method.name}: error at t = {config.order_t:g}", fontsize="small")

@@ -472,17 +472,25 @@ def _patch(variant):
 
 def _plot_errors(path, problem, curves, baseline, methods):
     """2 × 2 panels: invariant and trajectory error vs h (top) and vs force evaluations."""
+    from matplotlib.lines import Line2D
+
     fig, axes = _figure(2, 2, (11.0, 9.6))
+    handles, labels = [], []
+    for m in methods:
+        for v in (*VARIANTS, "none"):
+            handles.append(Line2D([], [], **{"linewidth": 1.0, "markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}))
+            labels.append(_curve_label(f"{v} ({m})", curves[m][v]))
+    handles.append(Line2D([], [], **{"linewidth": 1.0, **_BASELINE_STYLE}))
+    labels.append(_curve_label(problem.baseline_name, baseline))
     for col, quantity in enumerate(("invariants", "trajectory")):
         for row, xkey in enumerate(("h", "force_evaluations")):
             ax = axes[row, col]
             for m in methods:
                 for v in (*VARIANTS, "none"):
                     x, y = _curve(curves[m][v], xkey, quantity)
-                    style = {"markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}
-                    # A curve without points (every run failed) still gets its legend entry.
-                    ax.loglog(x if x.size else [np.nan], y if y.size else [np.nan],
-                              label=_curve_label(f"{v} ({m})", curves[m][v]), linewidth=1.0, **style)
+                    if x.size:  # a curve without points (every run failed) has only its legend entry
+                        style = {"markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}
+                        ax.loglog(x, y, label=_curve_label(f"{v} ({m})", curves[m][v]), linewidth=1.0, **style)
             x, y = _curve(baseline, xkey, quantity)
             ax.loglog(x, y, label=_curve_label(problem.baseline_name, baseline), linewidth=1.0, **_BASELINE_STYLE)
             ax.set_xlabel("step size h" if xkey == "h" else "force evaluations (feedback field 4, grad H 1)")
@@ -490,7 +498,6 @@ def _plot_errors(path, problem, curves, baseline, methods):
                           else "trajectory error (geo. mean RMS |x - x_ref|)", fontsize="small")
             ax.set_title(f"{quantity} error vs {'h' if xkey == 'h' else 'force evaluations'}", fontsize="medium")
             ax.grid(True, which="major", alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     fig.suptitle(f"{problem.title}: held-out states, t in [0, {curves['t_final']:g}]", fontsize="medium")
     return _save(fig, path)

@@ -135,7 +135,8 @@ def run_column(out_dir: pathlib.Path, progress: bool, t_final=None, h=None, meth
             ax.set_ylabel("angle from the upward vertical")
             ax.set_ylim(-3.3, 3.3)
             ax.grid(True, alpha=0.3)
-            ax.legend(loc="lower right", fontsize="small")
+        # One legend beside the panels (inside, it hid part of the curves).
+        fig.legend(*axes[0, 1].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
         fig.suptitle(title)
         figures.append(_save(fig, out_dir / f"ziegler-column_{tag}_{left}_vs_{right}.png"))
 
