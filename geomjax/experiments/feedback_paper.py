@@ -336,6 +336,7 @@ def _plot_vs_h(path, hs, table, quantities, styles, title):
     axes = fig.subplots(1, k, squeeze=False)[0]
     hs = np.asarray(hs)
     any_diverged = False
+    legend = []
     for ax, (j, q) in zip(axes, enumerate(quantities)):
         for i, (name, errs) in enumerate(table.items()):
             e = np.asarray(errs)[:, j]
@@ -343,7 +344,10 @@ def _plot_vs_h(path, hs, table, quantities, styles, title):
             label = name if not skipped.any() else f"{name} (not run at h = {', '.join(f'{h:.0e}' for h in hs[skipped])})"
             # NaN breaks the line: no segment is drawn across a diverged or skipped run.
             shown = np.where(np.isfinite(e) & (e > 0), e, np.nan)
-            ax.plot(hs, shown, label=label, marker="o", markersize=4, **styles[name])
+            if j == 0:
+                legend.append((Line2D([], [], marker="o", markersize=4, **styles[name]), label))
+            if np.any(np.isfinite(shown)):  # a method that diverged at every h has only its crosses
+                ax.plot(hs, shown, label=label, marker="o", markersize=4, **styles[name])
             bad = np.isinf(e)
             if bad.any():
                 any_diverged = True
@@ -359,7 +363,7 @@ def _plot_vs_h(path, hs, table, quantities, styles, title):
             # Room above the data for the band of crosses.
             lo, hi = ax.get_ylim()
             ax.set_ylim(lo, hi * (hi / lo) ** 0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, labels = [h for h, _ in legend], [lab for _, lab in legend]
     if any_diverged:
         handles.append(Line2D([], [], linestyle="none", marker="x", color="black"))
         labels.append("diverged (non-finite)")
