@@ -1,24 +1,30 @@
 """Reproducible experiments: the seed papers' figures and tables, run by one command.
 
-Each experiment is a function `run(out_dir: pathlib.Path, progress: bool) -> dict` that
-writes its PNG figures into `out_dir` and returns JSON-ready metrics. It is registered
-under a name with a one-line description:
+Each experiment is a function `run(out_dir: pathlib.Path, progress: bool, **kw) -> dict`
+that writes its PNG figures into `out_dir` and returns JSON-ready metrics. It is
+registered under a name with a one-line description, the options it accepts (names from
+`OPTIONS`: `dt`, `t_final`, `gains`, passed to `run` as keywords) and the keywords of its
+tiny `quick` configuration (a short horizon, few step sizes: every figure in seconds):
 
 ```python
 # geomjax/experiments/my_experiment.py
 from . import register
 
-@register("my-experiment", "Seed 00X sec. Y: what it shows")
-def run(out_dir, progress):
+@register("my-experiment", "Seed 00X sec. Y: what it shows",
+          options=("dt", "t_final"), quick={"t_final": 0.5})
+def run(out_dir, progress, dt=None, t_final=None):
     ...
     return {"summary": [...], ...}
 ```
 
 and its module is listed once in `_MODULES` below. That is all: `geomjax list` shows it
-and `geomjax reproduce my-experiment` runs it, writes `DIR/my-experiment.json` and prints
-the `"summary"` entry of the metrics (a list of flat dicts, one per table row) as a table.
-Shared helpers (running methods, invariant errors, JSON, log-scale plots, tables) live
-in `geomjax.experiments._common`.
+and its options, `geomjax reproduce my-experiment [--dt H] [--t-final T] [--quick]` runs it,
+writes `DIR/my-experiment.json` (the metrics), `DIR/my-experiment.npz` (the arrays drawn in
+every figure it saved) and prints the `"summary"` entry of the metrics (a list of flat
+dicts, one per table row) as a table. Every saved figure goes through the readability
+checks of `_figure_check`. Shared helpers (running methods, invariant errors, JSON,
+log-scale plots, tables, applying the options to a setup) live in
+`geomjax.experiments._common`.
 """
 
 import importlib
