@@ -36,9 +36,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run an experiment: writes DIR/NAME.json, DIR/NAME.npz and PNG figures, prints a summary table",
         description="Run an experiment (or all of them): writes DIR/NAME.json (metrics), DIR/NAME.npz (the "
         "arrays drawn in the figures) and the PNG figures, and prints a summary table.",
-        epilog="experiments taking options: "
-        + "; ".join(f"{n}: {e.accepted()}" for n, e in experiments().items() if e.options)
-        + ". Every experiment takes --quick.",
+        epilog="experiments taking options:\n"
+        + "\n".join(f"  {n}: {e.accepted()}" for n, e in experiments().items() if e.options)
+        + "\nevery experiment takes --quick.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     rep.add_argument("name", metavar="NAME", nargs="?", help="experiment name (see `geomjax list`)")
     rep.add_argument("--all", action="store_true", help="run every experiment, one after the other")
