@@ -102,3 +102,12 @@ def test_checker_finds_a_thin_path_at_equal_aspect():
     ax.set_aspect("equal", adjustable="datalim")
     problems = figure_problems(fig)
     assert any("mostly empty" in p for p in problems), problems
+
+
+def test_checker_finds_a_legend_over_the_title():
+    fig, ax = _fig()
+    ax.plot([0.0, 1.0], [0.0, 1.0], label="a line")
+    fig.suptitle("a title across the whole width of the figure")
+    fig.legend(loc="upper right")
+    problems = figure_problems(fig)
+    assert any("legend overlaps the title" in p for p in problems), problems

@@ -416,7 +416,7 @@ def plot_components(
             note = (f"\n{', '.join([difference_to, *same])} coincide at this scale (markers tell them apart); "
                     f"the bottom panel shows their distance from {difference_to}")
     axes[-1, 0].set_xlabel(xlabel)
-    fig.legend(*_legend_handles(names, marked), loc="outside right upper", fontsize="small")
+    fig.legend(*_legend_handles(names, marked), loc="outside lower center", ncols=min(len(names), 3), fontsize="small")
     if title or note:
         _title(fig, None, title + note, 11.0)
     return _save(fig, path)

@@ -12,7 +12,8 @@ and returns one sentence per defect found:
 - **invisible series**: a line with points none of which can be drawn: no finite
   point, or on a log axis no positive one (all zero or negative values on a log scale
   leave the curve out entirely);
-- **overlapping texts**: two annotations (`ax.texts`) of one Axes whose extents overlap;
+- **overlapping texts**: two annotations (`ax.texts`) of one Axes whose extents overlap,
+  or a legend over a title;
 - **coinciding series**: two labelled lines of one Axes, same length and same marker,
   whose points are within `coincide_px` pixels of each other everywhere: only the one
   drawn last can be seen;
@@ -206,6 +207,25 @@ def _overlapping_texts(fig, renderer) -> list[str]:
     return problems
 
 
+def _titles_under_legends(fig, renderer) -> list[str]:
+    """A suptitle or axes title that a legend box overlaps."""
+    titles = [t for t in (fig._suptitle, *fig.texts) if t is not None]
+    for ax in fig.axes:
+        if ax.get_visible():
+            titles += [ax.title, ax._left_title, ax._right_title]
+    titles = [t for t in titles if t.get_visible() and t.get_text().strip()]
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_visible() and ax.get_legend())]
+    problems = []
+    for leg in legends:
+        if not leg.get_visible():
+            continue
+        box = leg.get_window_extent(renderer)
+        for t in titles:
+            if box.overlaps(t.get_window_extent(renderer)):
+                problems.append(f"a legend overlaps the title {_short(t.get_text())!r}")
+    return problems
+
+
 def _display_points(line):
     xy = np.asarray(line.get_xydata(), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -320,6 +340,7 @@ def figure_problems(fig, *, tol_px: float = 1.0, coincide_px: float = 1.0, legen
         *_empty_axes(fig),
         *_series_problems(fig),
         *_overlapping_texts(fig, renderer),
+        *_titles_under_legends(fig, renderer),
         *_coinciding(fig, renderer, coincide_px),
         *_legend_over_data(fig, renderer, legend_cover),
         *_mostly_empty(fig, renderer, min_fill),

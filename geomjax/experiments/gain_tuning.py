@@ -85,7 +85,7 @@ from jax import lax
 import geomjax
 
 from . import register
-from ._common import _save
+from ._common import MARKERS, _markevery, _save
 
 NAME = "gain-tuning"
 
@@ -403,6 +403,11 @@ def _plot_history(path, problem, tunings, held_out):
         ax.relim()
         ax.autoscale_view()
         names = problem.model.quantity_names
+        # Gains that move together (equal starts) would hide each other: a marker each.
+        for k, line in enumerate(ax.get_lines()):
+            line.set_marker(MARKERS[k % len(MARKERS)])
+            line.set_markevery(_markevery(len(line.get_xdata()), k, len(ax.get_lines()), marks=8))
+            line.set_markerfacecolor("none")
         handles = ax.get_lines()
         labels = [_gain_label(names, h.get_label()) for h in handles]
         ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
@@ -458,8 +463,9 @@ def _plot_held_out(path, held, failed, problems, titles, methods):
     from matplotlib.lines import Line2D
 
     handles = [_patch(v) for v in VARIANTS] + [Line2D([], [], color="black", linestyle="--", linewidth=1.0)]
-    fig.legend(handles, [*VARIANTS, "no feedback (gains 0)"], loc="outside lower center", ncols=len(VARIANTS) + 1,
-               fontsize="small")
+    # about 2.2 inches per legend entry: as many columns as the figure is wide
+    ncols = max(1, min(len(VARIANTS) + 1, int(4.6 * len(problems) / 2.2)))
+    fig.legend(handles, [*VARIANTS, "no feedback (gains 0)"], loc="outside lower center", ncols=ncols, fontsize="small")
     fig.suptitle("held-out objectives at h0 (lower is better; hatched: runs failed)", fontsize="medium")
     return _save(fig, path)
 
