@@ -14,9 +14,10 @@ and returns one sentence per defect found:
   leave the curve out entirely);
 - **overlapping texts**: two annotations (`ax.texts`) of one Axes whose extents overlap,
   or a legend over a title;
-- **coinciding series**: two labelled lines of one Axes, same length and same marker,
-  whose points are within `coincide_px` pixels of each other everywhere: only the one
-  drawn last can be seen;
+- **coinciding series**: two labelled lines of one Axes, same length, same marker and
+  line widths within a factor 2.5 (a thin line over a wide band shows both), whose
+  points are within `coincide_px` pixels of each other everywhere: only the one drawn
+  last can be seen;
 - **legend over data**: a legend inside an Axes whose box hides more than
   `legend_cover` of the drawn points of a series of that Axes;
 - **mostly empty panel**: an Axes with a fixed aspect (`set_aspect("equal")`) where the
@@ -253,6 +254,9 @@ def _coinciding(fig, renderer, coincide_px) -> list[str]:
             pa, pb = points[a], points[b]
             if pa.shape != pb.shape or pa.size == 0 or _marker(lines[a]) != _marker(lines[b]):
                 continue
+            widths = sorted((lines[a].get_linewidth(), lines[b].get_linewidth()))
+            if widths[1] >= 2.5 * widths[0]:
+                continue  # a thin line over a wide band (a reference drawn thick) shows both
             both = np.all(np.isfinite(pa), axis=1) & np.all(np.isfinite(pb), axis=1)
             if both.sum() >= 2 and float(np.max(np.hypot(*(pa[both] - pb[both]).T))) < coincide_px:
                 group[root(b)] = root(a)

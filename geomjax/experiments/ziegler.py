@@ -128,8 +128,9 @@ def run_column(out_dir: pathlib.Path, progress: bool, t_final=None, h=None, meth
             ts_r, a_r = curves["reference"]
             if name != "reference":
                 for i in range(n):
-                    ax.plot(ts_r, a_r[:, i], linewidth=0.6, color="k", alpha=0.35,
-                            label="reference" if i == 0 else None)
+                    # a wide translucent band: a method on the reference stays visible on top of it
+                    ax.plot(ts_r, a_r[:, i], linewidth=3.0, color="k", alpha=0.2,
+                            label="reference" if i == 0 else None, zorder=1)
             ax.set_title(f"{name}: crossings of the downward vertical {metrics[name]['downward_crossings_per_rod']}")
             ax.set_xlabel("t")
             ax.set_ylabel("angle from the upward vertical")
