@@ -327,8 +327,8 @@ def plot_log_errors(
     styles = styles or {}
     _draw_log_errors(ax, ts, series, styles, ylabel)
     ax.set_xlabel(xlabel)
-    if title:
-        _title(fig, None, title, 11.0)
+    if title:  # over the axes (a suptitle would run under the legend beside them)
+        ax.set_title(wrap_title(title, fig.get_figwidth() - 2.6, 11.0), fontsize=11.0)
     marked = {n: _marked(styles.get(n, {}), i, len(series), 1) for i, n in enumerate(series)}
     fig.legend(*_legend_handles(series, marked), loc="outside right upper", fontsize="small")
     return _save(fig, path)

@@ -214,7 +214,7 @@ def _titles_under_legends(fig, renderer) -> list[str]:
     for ax in fig.axes:
         if ax.get_visible():
             titles += [ax.title, ax._left_title, ax._right_title]
-    titles = [t for t in titles if t.get_visible() and t.get_text().strip()]
+    titles = list({id(t): t for t in titles if t.get_visible() and t.get_text().strip()}.values())
     legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_visible() and ax.get_legend())]
     problems = []
     for leg in legends:
