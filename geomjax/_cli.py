@@ -130,6 +130,11 @@ def _reproduce(args) -> int:
     for name in chosen:
         try:
             _run_one(name, args.out, not args.no_progress, args.quick, options)
+        except ExperimentOptionError as err:  # an option value the experiment's setup refuses
+            if not args.all:
+                return _error(f"experiment {name!r}: {err}")
+            print(f"geomjax reproduce: error: experiment {name!r}: {err}", file=sys.stderr)
+            failed.append(name)
         except Exception:
             if not args.all:
                 raise

@@ -36,10 +36,13 @@ def test_reproduce_help_names_the_options_and_who_takes_them(capsys):
         (["reproduce", "--all", "--dt", "1e-3"], "with --all the options go to every experiment"),
         (["reproduce"], "give one experiment NAME or --all"),
         (["reproduce", "spherical", "--quick"], "unknown experiment 'spherical'; valid names:"),
+        # refused by the experiment's setup before anything is compiled
+        (["reproduce", "suslov", "--gains", "1,2", "--out", "{tmp}"],
+         "experiment 'suslov': --gains takes 1 or 3 values here (one per gain), got 2"),
     ],
 )
-def test_bad_options_are_usage_errors_naming_the_experiment(argv, expected, capsys):
-    assert main(argv) == 2
+def test_bad_options_are_usage_errors_naming_the_experiment(argv, expected, capsys, tmp_path):
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert expected in err, err
 
@@ -69,5 +72,5 @@ def test_with_options_keeps_the_horizon_and_shapes_the_gains():
     assert (tiny.steps, tiny.save_every) == (4, 4)
     assert with_options(_Setup(), gains=(5.0,)).gains == (5.0, 5.0, 5.0)
     assert gains_like(50.0, (7.0,)) == 7.0
-    with pytest.raises(ValueError, match="takes 1 or 3 values here"):
+    with pytest.raises(ExperimentOptionError, match="takes 1 or 3 values here"):
         with_options(_Setup(), gains=(1.0, 2.0))

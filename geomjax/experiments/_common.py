@@ -474,17 +474,19 @@ def format_table(
 def gains_like(default, gains):
     """`gains` (a tuple from the `--gains` option) shaped like `default`: one value is used
     for every gain; otherwise there must be as many values as `default` has entries."""
+    from . import ExperimentOptionError  # a ValueError the command reports as a usage error
+
     if gains is None:
         return default
     if np.ndim(default) == 0:
         if len(gains) != 1:
-            raise ValueError(f"--gains takes one value here (a single gain k for every quantity), got {len(gains)}")
+            raise ExperimentOptionError(f"--gains takes one value here (a single gain k for every quantity), got {len(gains)}")
         return type(default)(gains[0]) if isinstance(default, float) else gains[0]
     n = len(default)
     if len(gains) == 1:
         return tuple(gains * n)
     if len(gains) != n:
-        raise ValueError(f"--gains takes 1 or {n} values here (one per gain), got {len(gains)}")
+        raise ExperimentOptionError(f"--gains takes 1 or {n} values here (one per gain), got {len(gains)}")
     return tuple(gains)
 
 
