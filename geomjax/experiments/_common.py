@@ -233,6 +233,43 @@ def _save(fig, path) -> pathlib.Path:
     return path
 
 
+def wrap_title(text: str, width_in: float, fontsize_pt: float = 12.0) -> str:
+    r"""`text` broken into lines that fit `width_in` inches at `fontsize_pt` (an average
+    glyph is taken as 0.6 em wide); `$...$` mathtext spans are never broken.
+
+    ```python
+    >>> print(wrap_title(r"a long title $|\Delta H|$ over two lines", 1.5, 10))
+    a long title
+    $|\Delta H|$ over two
+    lines
+
+    ```
+    """
+    chars = max(10, int(width_in * 72.0 / (0.6 * fontsize_pt)))
+    lines = []
+    for existing in text.split("\n"):
+        words = re.findall(r"(?:\$[^$]*\$|[^\s$])+", existing)
+        line = ""
+        for word in words:
+            visible = len(re.sub(r"\\[A-Za-z]+|[{}$^_]", "x", line + " " + word))
+            if line and visible > chars:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _title(fig, ax, title: str, fontsize_pt: float = 12.0) -> None:
+    """A suptitle (ax None) or an axes title, wrapped to the width it has."""
+    if ax is None:
+        fig.suptitle(wrap_title(title, fig.get_figwidth() - 0.2, fontsize_pt), fontsize=fontsize_pt)
+    else:
+        width = fig.get_figwidth() * ax.get_position().width
+        ax.set_title(wrap_title(title, width, fontsize_pt), fontsize=fontsize_pt)
+
+
 def _positive(y):
     """Mask exact zeros (and negatives) so a log axis shows gaps rather than clipping."""
     y = np.asarray(y, dtype=float)
@@ -240,11 +277,36 @@ def _positive(y):
 
 
 def _draw_log_errors(ax, ts, series: Mapping[str, np.ndarray], styles, ylabel):
-    for name, err in series.items():
-        ax.plot(np.asarray(ts), _positive(err), label=name, **styles.get(name, {}))
+    """One log-scale curve per series; a series with no positive value (exactly zero at
+    every save: nothing a log axis can draw) is named in a note in the panel instead."""
+    undrawable = []
+    n = len(np.asarray(ts))
+    for i, (name, err) in enumerate(series.items()):
+        shown = _positive(err)
+        if not np.any(np.isfinite(shown)):
+            undrawable.append(name)
+            continue
+        ax.plot(np.asarray(ts), shown, label=name, **_marked(styles.get(name, {}), i, len(series), n))
+    if undrawable:
+        ax.text(0.01, 0.02, f"exactly 0 (not drawn): {', '.join(undrawable)}", transform=ax.transAxes,
+                fontsize="x-small", color="0.3", ha="left", va="bottom")
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
+
+
+def _marked(style, index, count, n_points):
+    """`style` with a marker of its own (`MARKERS[index]`, hollow) placed every
+    n_points/12 points, staggered by series, unless the style sets one: curves that agree
+    to a line width stay distinguishable."""
+    return {"marker": MARKERS[index % len(MARKERS)], "markersize": 4, "markerfacecolor": "none",
+            "markevery": _markevery(n_points, index, count), **style}
+
+
+def _legend_handles(names, styles):
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], **{k: v for k, v in styles.get(n, {}).items() if k != "markevery"}) for n in names], list(names)
 
 
 def plot_log_errors(
@@ -257,14 +319,18 @@ def plot_log_errors(
     styles: Mapping[str, dict] | None = None,
     xlabel: str = "t",
 ) -> pathlib.Path:
-    """One log-scale error figure: `series` maps method name → error values at `ts`."""
-    fig, axes = _figure()
+    """One log-scale error figure: `series` maps method name → error values at `ts`.
+
+    The legend sits beside the axes (it covers no curve) and a long title is wrapped."""
+    fig, axes = _figure(size=(8.4, 4.0))
     ax = axes[0, 0]
-    _draw_log_errors(ax, ts, series, styles or {}, ylabel)
+    styles = styles or {}
+    _draw_log_errors(ax, ts, series, styles, ylabel)
     ax.set_xlabel(xlabel)
-    if title:
-        ax.set_title(title)
-    ax.legend(loc="best", fontsize="small")
+    if title:  # over the axes (a suptitle would run under the legend beside them)
+        ax.set_title(wrap_title(title, fig.get_figwidth() - 2.6, 11.0), fontsize=11.0)
+    marked = {n: _marked(styles.get(n, {}), i, len(series), 1) for i, n in enumerate(series)}
+    fig.legend(*_legend_handles(series, marked), loc="outside right upper", fontsize="small")
     return _save(fig, path)
 
 
@@ -283,18 +349,25 @@ def plot_error_grid(
     m = len(quantity_names)
     nrows = -(-m // ncols)
     fig, axes = _figure(nrows, ncols, size=(5.0 * ncols, 3.2 * nrows))
+    styles = styles or {}
     for j, q in enumerate(quantity_names):
         ax = axes.flat[j]
-        _draw_log_errors(ax, ts, {k: v[:, j] for k, v in errors.items()}, styles or {}, delta_label(q))
+        _draw_log_errors(ax, ts, {k: v[:, j] for k, v in errors.items()}, styles, delta_label(q))
         if j >= m - ncols:
             ax.set_xlabel(xlabel)
     for ax in list(axes.flat)[m:]:
         ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, labels = _legend_handles(errors, {n: _marked(styles.get(n, {}), i, len(errors), 1)
+                                               for i, n in enumerate(errors)})
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
     if title:
-        fig.suptitle(title)
+        _title(fig, None, title)
     return _save(fig, path)
+
+
+def _markevery(n_points: int, index: int, count: int, marks: int = 12):
+    every = max(1, n_points // marks)
+    return (int(index * every // max(count, 1)), every)
 
 
 def plot_components(
@@ -306,22 +379,50 @@ def plot_components(
     title: str = "",
     styles: Mapping[str, dict] | None = None,
     xlabel: str = "t",
+    difference_to: str | None = None,
 ) -> pathlib.Path:
-    """Stacked linear-scale panels, one per component; `series[name]` is `(n, k)`."""
+    """Stacked linear-scale panels, one per component; `series[name]` is `(n, k)`.
+
+    Methods that agree to within a line width would hide each other: each curve carries
+    its own marker (`MARKERS`, staggered so marks do not sit on each other). With
+    `difference_to` (a series name) a last, log-scale panel shows max_j |x_j − ref_j| of
+    every other series from that one, and the title notes which series coincide with it
+    at the scale of the component panels (within 0.5% of the panels' y range)."""
     k = len(component_labels)
-    fig, axes = _figure(k, 1, size=(7.0, 1.9 * k + 0.8))
+    extra = difference_to is not None
+    fig, axes = _figure(k + extra, 1, size=(8.4, 1.9 * (k + extra) + 1.0))
     styles = styles or {}
+    names = list(series)
+    marked = {
+        n: {"marker": MARKERS[i % len(MARKERS)], "markersize": 4,
+            "markevery": _markevery(len(np.asarray(ts)), i, len(names)), **styles.get(n, {})}
+        for i, n in enumerate(names)
+    }
     for j, label in enumerate(component_labels):
         ax = axes[j, 0]
         for name, values in series.items():
-            ax.plot(np.asarray(ts), np.asarray(values)[:, j], label=name, **styles.get(name, {}))
+            ax.plot(np.asarray(ts), np.asarray(values)[:, j], label=name, **marked[name])
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
+    note = ""
+    if extra:
+        ref = np.asarray(series[difference_to], dtype=float)
+        span = max(float(np.nanmax(ref) - np.nanmin(ref)), 1e-300)
+        ax = axes[k, 0]
+        diffs = {n: np.max(np.abs(np.asarray(v, dtype=float) - ref), axis=1) for n, v in series.items() if n != difference_to}
+        _draw_log_errors(ax, ts, diffs, {n: marked[n] for n in diffs}, f"distance from\n{difference_to}")
+        same = [n for n, d in diffs.items() if np.all(np.isfinite(d)) and float(np.max(d)) < 5e-3 * span]
+        if same:
+            note = (f"\n{', '.join([difference_to, *same])} coincide at this scale (markers tell them apart); "
+                    f"the bottom panel shows their distance from {difference_to}")
     axes[-1, 0].set_xlabel(xlabel)
-    axes[0, 0].legend(loc="upper right", fontsize="small")
-    if title:
-        fig.suptitle(title)
+    fig.legend(*_legend_handles(names, marked), loc="outside lower center", ncols=min(len(names), 3), fontsize="small")
+    if title or note:
+        _title(fig, None, title + note, 11.0)
     return _save(fig, path)
+
+
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*")
 
 
 # --------------------------------------------------------------------------------------
@@ -364,3 +465,64 @@ def format_table(
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(columns), rule, *(line(r) for r in cells)])
+
+
+# --------------------------------------------------------------------------------------
+# Options (`geomjax reproduce NAME --dt H --t-final T --gains K`)
+
+
+def gains_like(default, gains):
+    """`gains` (a tuple from the `--gains` option) shaped like `default`: one value is used
+    for every gain; otherwise there must be as many values as `default` has entries."""
+    from . import ExperimentOptionError  # a ValueError the command reports as a usage error
+
+    if gains is None:
+        return default
+    if np.ndim(default) == 0:
+        if len(gains) != 1:
+            raise ExperimentOptionError(f"--gains takes one value here (a single gain k for every quantity), got {len(gains)}")
+        return type(default)(gains[0]) if isinstance(default, float) else gains[0]
+    n = len(default)
+    if len(gains) == 1:
+        return tuple(gains * n)
+    if len(gains) != n:
+        raise ExperimentOptionError(f"--gains takes 1 or {n} values here (one per gain), got {len(gains)}")
+    return tuple(gains)
+
+
+def with_options(setup, *, dt=None, t_final=None, gains=None):
+    """A frozen dataclass `setup` with fields `dt`, `steps`, `save_every` (and `gains`)
+    after the options: `dt` keeps the horizon (steps = t_final/dt), `t_final` sets the
+    number of steps at the step size, `gains` goes through `gains_like`. The number of
+    steps is rounded to a multiple of `save_every` (at least one save interval), the
+    saving stride shrinks when the run is shorter than it, so the horizon is met to
+    within one save interval.
+
+    ```python
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True)
+    ... class S:
+    ...     dt: float = 1e-3
+    ...     steps: int = 1000
+    ...     save_every: int = 10
+    ...     gains: float = 50.0
+    >>> with_options(S(), dt=1e-2)
+    S(dt=0.01, steps=100, save_every=10, gains=50.0)
+    >>> with_options(S(), t_final=0.05, gains=(5.0,))
+    S(dt=0.001, steps=50, save_every=10, gains=5.0)
+
+    ```
+    """
+    import dataclasses
+
+    changes = {}
+    new_dt = setup.dt if dt is None else float(dt)
+    horizon = setup.dt * setup.steps if t_final is None else float(t_final)
+    if dt is not None or t_final is not None:
+        steps = max(1, int(round(horizon / new_dt)))
+        save_every = max(1, min(setup.save_every, steps))
+        steps = save_every * max(1, int(round(steps / save_every)))
+        changes.update(dt=new_dt, steps=steps, save_every=save_every)
+    if gains is not None:
+        changes["gains"] = gains_like(setup.gains, gains)
+    return dataclasses.replace(setup, **changes)

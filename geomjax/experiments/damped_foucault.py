@@ -32,6 +32,7 @@ each h ∈ {0.1, 0.05, 0.02, 0.01, 0.005} and an ensemble of 64 steps within ±2
 and reports the fraction of runs with a plane jump above 1°.
 """
 
+import dataclasses
 import pathlib
 
 import equinox as eqx
@@ -43,7 +44,7 @@ from jax import lax
 import geomjax
 
 from . import register
-from ._common import _figure, _save, max_finite
+from ._common import MARKERS, _figure, _markevery, _save, max_finite
 
 NAME = "damped-foucault"
 ALPHAS = (1e-3, 1e-4)
@@ -57,6 +58,21 @@ REFERENCE_H = 0.01
 ORDER_T = 100.0
 ORDER_HS = (0.4, 0.2, 0.1, 0.05, 0.025)
 COLOURS = {"contact": "tab:blue", "LA": "tab:orange"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The horizons and grids of a run: the defaults are the seed's (module constants);
+    `QUICK` is a tiny configuration that draws every figure (smoke tests)."""
+
+    t_final: float = T_FINAL
+    refine_hs: tuple = REFINE_HS
+    ensemble: int = ENSEMBLE
+    order_t: float = ORDER_T
+    order_hs: tuple = ORDER_HS
+
+
+QUICK = Config(t_final=60.0, refine_hs=(0.1, 0.05), ensemble=4, order_t=10.0, order_hs=(0.4, 0.2, 0.1))
 
 
 def _steps(model):
@@ -118,10 +134,10 @@ def _anomaly_scan(step, model, x0, h, n):
     return worst, when, total, err, model.energy(q, p) / exact_energy
 
 
-def _ensemble(step, model, x0, h):
-    """The anomaly measures for h itself (first entry) and ENSEMBLE steps within ±SPREAD."""
-    n = int(round(T_FINAL / h))
-    hs = h * (1.0 + np.concatenate([[0.0], np.linspace(-SPREAD, SPREAD, ENSEMBLE)]))
+def _ensemble(step, model, x0, h, config: Config):
+    """The anomaly measures for h itself (first entry) and `config.ensemble` steps within ±SPREAD."""
+    n = int(round(config.t_final / h))
+    hs = h * (1.0 + np.concatenate([[0.0], np.linspace(-SPREAD, SPREAD, config.ensemble)]))
     run = jax.vmap(lambda hh: _anomaly_scan(step, model, x0, hh, jnp.asarray(n)))
     return [np.asarray(a) for a in run(jnp.asarray(hs))]
 
@@ -158,25 +174,25 @@ def _plane_deviation(xs, ts, rate):
     return ts[idx], np.degrees(np.unwrap(2.0 * dev) / 2.0)
 
 
-def _reference(model, steps_per_save):
+def _reference(model, steps_per_save, t_final):
     field = geomjax.lagrange_dalembert_field(model.forced)
     x0 = field.project(jnp.concatenate([model.q0, model.v0]))
-    n = int(round(T_FINAL / REFERENCE_H))
+    n = int(round(t_final / REFERENCE_H))
     sol = geomjax.integrate(field, x0, dt=REFERENCE_H, steps=n, method="rk4", save_every=steps_per_save)
     return np.asarray(sol.xs)
 
 
-def _order_study(model):
-    """|q(T) − q_exact(T)| at T = ORDER_T for each integrator and h, and the fitted orders."""
-    q_exact = np.asarray(model.exact(ORDER_T)[0])
+def _order_study(model, config: Config):
+    """|q(T) − q_exact(T)| at T = config.order_t for each integrator and h, and the fitted orders."""
+    q_exact = np.asarray(model.exact(config.order_t)[0])
     out = {}
     for name, (step, x0) in _steps(model).items():
         errs = []
-        for h in ORDER_HS:
-            x, status = geomjax.diagnostics.final_state(step, x0, h, int(round(ORDER_T / h)))
+        for h in config.order_hs:
+            x, status = geomjax.diagnostics.final_state(step, x0, h, int(round(config.order_t / h)))
             ok = bool(status == geomjax.RESULTS.successful)
             errs.append(float(np.max(np.abs(np.asarray(x)[:2] - q_exact))) if ok else np.nan)
-        out[name] = (errs, geomjax.diagnostics.convergence_order(ORDER_HS, errs).order)
+        out[name] = (errs, geomjax.diagnostics.convergence_order(config.order_hs, errs).order)
     return out
 
 
@@ -187,8 +203,10 @@ def _plot_figure_2(path, runs, models):
         ts = run["ts"]
         ax = axes[row, 0]
         ax.plot(ts, run["exact_energy"], color="black", linewidth=0.8, linestyle="--", label="exact")
-        for name, data in run["methods"].items():
-            ax.plot(ts, data["energy"], color=COLOURS[name], linewidth=0.6, label=name)
+        # A method can follow the exact energy to a line width: markers (staggered) show it.
+        for i, (name, data) in enumerate(run["methods"].items()):
+            ax.plot(ts, data["energy"], color=COLOURS[name], linewidth=0.6, label=name, marker=MARKERS[i],
+                    markersize=4, markerfacecolor="none", markevery=_markevery(len(ts), i, len(run["methods"])))
         ax.set_xlabel("t [s]")
         ax.set_ylabel("energy [J]")
         ax.set_title(f"{'ac'[row]}) energy, alpha = {alpha:g}, h = {H:g} s", fontsize="small")
@@ -248,7 +266,7 @@ def _plot_anomaly(path, runs, models):
     return _save(fig, path)
 
 
-def _plot_errors(path, runs, orders):
+def _plot_errors(path, runs, orders, config: Config):
     fig, axes = _figure(1, 2, size=(12.0, 4.5), sharex=False)
     styles = {ALPHAS[0]: "-", ALPHAS[1]: ":"}
     window = int(round(20.0 / H))  # maxima over 20-s windows (about one period)
@@ -264,13 +282,14 @@ def _plot_errors(path, runs, orders):
     axes[0, 0].set_ylabel("max |q - q_ref| over 20 s [m]")
     axes[0, 0].set_title(f"h = {H:g}: error against the derived Lagrange-d'Alembert ODE (RK4, h = {REFERENCE_H:g})",
                          fontsize="small")
-    hs = np.asarray(ORDER_HS)
+    hs = np.asarray(config.order_hs)
     for alpha in ALPHAS:
         for name, (errs, p) in orders[str(alpha)].items():
-            axes[0, 1].loglog(hs, errs, "o" + styles[alpha], color=COLOURS[name], markersize=3,
-                              label=f"{name}, alpha = {alpha:g}: order {p:.2f}")
+            # the two alphas give nearly the same errors: one marker each tells them apart
+            axes[0, 1].loglog(hs, errs, styles[alpha], marker="o" if alpha == ALPHAS[0] else "s", color=COLOURS[name],
+                              markersize=5, markerfacecolor="none", label=f"{name}, alpha = {alpha:g}: order {p:.2f}")
     axes[0, 1].set_xlabel("h [s]")
-    axes[0, 1].set_ylabel(f"|q(T) - q_exact(T)| [m], T = {ORDER_T:g} s")
+    axes[0, 1].set_ylabel(f"|q(T) - q_exact(T)| [m], T = {config.order_t:g} s")
     axes[0, 1].set_title("convergence of the positions (closed form)", fontsize="small")
     for ax in axes[0]:
         ax.grid(True, which="both", alpha=0.3)
@@ -278,7 +297,7 @@ def _plot_errors(path, runs, orders):
     return _save(fig, path)
 
 
-def _plot_refinement(path, refinement):
+def _plot_refinement(path, refinement, config: Config):
     fig, axes = _figure(1, 2, size=(12.0, 4.5), sharex=False)
     markers = {ALPHAS[0]: "s", ALPHAS[1]: "o"}
     for (alpha, name), rows in refinement.items():
@@ -288,21 +307,24 @@ def _plot_refinement(path, refinement):
             jumps = np.abs(np.degrees(r["ensemble_max_jump"]))
             axes[0, 0].scatter(np.full(jumps.shape, r["h"] * shift), jumps, s=8, color=COLOURS[name],
                                marker=markers[alpha], alpha=0.6)
-        axes[0, 1].plot(hs, [r["fraction_above"] for r in rows], marker=markers[alpha], color=COLOURS[name],
-                        label=f"{name}, alpha = {alpha:g}")
+        # contact and LA can have the same fractions: their own markers and a small shift keep both visible
+        axes[0, 1].plot(hs * shift, [r["fraction_above"] for r in rows], marker=markers[alpha],
+                        markerfacecolor="none" if name == "LA" else COLOURS[name], markersize=6,
+                        linestyle="--" if name == "LA" else "-", color=COLOURS[name], label=f"{name}, alpha = {alpha:g}")
     axes[0, 0].axhline(JUMP_DEG, color="black", linestyle=":", linewidth=0.8)
     axes[0, 0].set_xscale("log")
     axes[0, 0].set_yscale("log")
     axes[0, 0].set_xlabel("h [s]")
     axes[0, 0].set_ylabel("largest plane jump in one step [deg]")
-    axes[0, 0].set_title(f"each run of the ensembles (h and {ENSEMBLE} steps within +-{SPREAD:.1%})", fontsize="small")
+    axes[0, 0].set_title(f"each run of the ensembles (h and {config.ensemble} steps within +-{SPREAD:.1%})",
+                         fontsize="small")
     axes[0, 1].set_xscale("log")
     axes[0, 1].set_xlabel("h [s]")
     axes[0, 1].set_ylabel(f"fraction of runs with a jump > {JUMP_DEG:g} deg")
     axes[0, 1].legend(fontsize="x-small")
     for ax in axes[0]:
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle("refined-step check: plane jumps over t in [0, 3600] s")
+    fig.suptitle(f"refined-step check: plane jumps over t in [0, {config.t_final:g}] s")
     return _save(fig, path)
 
 
@@ -310,15 +332,22 @@ def _plot_refinement(path, refinement):
     NAME,
     "Seed 002 sec. 3.2, Fig. 2: damped Foucault pendulum, nonholonomic contact vs Lagrange-d'Alembert; "
     "energy, trajectory, the plane-jump anomaly and the refined-step check, errors against a derived ODE reference",
+    options=("t_final",),
+    quick={"config": QUICK},
 )
-def run(out_dir: pathlib.Path, progress: bool) -> dict:
+def run(out_dir: pathlib.Path, progress: bool, config: Config | None = None, t_final=None) -> dict:
+    """The seed's runs, the anomaly scan, the refined-step check and the orders; `config`
+    (default `Config()`, the seed's) and `t_final` (the `--t-final` option) set the sizes."""
+    config = Config() if config is None else config
+    if t_final is not None:
+        config = dataclasses.replace(config, t_final=float(t_final))
     out_dir = pathlib.Path(out_dir)
     models = {alpha: geomjax.models.damped_foucault(alpha=alpha) for alpha in ALPHAS}
-    steps = int(round(T_FINAL / H))
+    steps = int(round(config.t_final / H))
     ts = np.arange(steps + 1) * H
     runs, summary, reference_check = {}, [], {}
     for alpha, model in models.items():
-        ref = _reference(model, int(round(H / REFERENCE_H)))
+        ref = _reference(model, int(round(H / REFERENCE_H)), config.t_final)
         q_exact = np.asarray(jax.vmap(lambda t: model.exact(t)[0])(jnp.asarray(ts)))
         reference_check[str(alpha)] = float(np.max(np.abs(ref[:, :2] - q_exact)))
         run_ = {"ts": ts, "exact_energy": _exact_energy(model, ts), "methods": {}}
@@ -344,8 +373,8 @@ def run(out_dir: pathlib.Path, progress: bool) -> dict:
     for alpha, model in models.items():
         for name, (step, x0) in _steps(model).items():
             rows = []
-            for h in REFINE_HS:
-                worst, when, total, err, ratio = _ensemble(step, model, x0, h)
+            for h in config.refine_hs:
+                worst, when, total, err, ratio = _ensemble(step, model, x0, h, config)
                 rows.append({
                     "h": h,
                     "max_jump_rad": float(worst[0]),
@@ -358,9 +387,9 @@ def run(out_dir: pathlib.Path, progress: bool) -> dict:
                     "median_max_jump_deg": float(np.median(np.abs(np.degrees(worst[1:])))),
                 })
             refinement[(alpha, name)] = rows
-    figures.append(_plot_refinement(out_dir / f"{NAME}_refinement.png", refinement))
-    orders = {str(alpha): _order_study(model) for alpha, model in models.items()}
-    figures.append(_plot_errors(out_dir / f"{NAME}_errors.png", runs, orders))
+    figures.append(_plot_refinement(out_dir / f"{NAME}_refinement.png", refinement, config))
+    orders = {str(alpha): _order_study(model, config) for alpha, model in models.items()}
+    figures.append(_plot_errors(out_dir / f"{NAME}_errors.png", runs, orders, config))
     for alpha in ALPHAS:
         for name in ("contact", "LA"):
             for r in refinement[(alpha, name)]:
@@ -394,9 +423,9 @@ def run(out_dir: pathlib.Path, progress: bool) -> dict:
     return {
         "setup": {
             "m": 28.0, "length": 67.0, "latitude_deg": 49.0, "g": 9.81, "Omega": geomjax.models._damped.EARTH_ROTATION_RATE,
-            "h": H, "t_final": T_FINAL, "q0": [0.67, 0.0], "v0": [0.0, 0.0], "alphas": list(ALPHAS),
+            "h": H, "t_final": config.t_final, "q0": [0.67, 0.0], "v0": [0.0, 0.0], "alphas": list(ALPHAS),
             "reference": f"lagrange_dalembert_field, RK4, h = {REFERENCE_H}, started on the constraint (project)",
-            "refinement": {"hs": list(REFINE_HS), "ensemble": ENSEMBLE, "spread": SPREAD, "jump_threshold_deg": JUMP_DEG},
+            "refinement": {"hs": list(config.refine_hs), "ensemble": config.ensemble, "spread": SPREAD, "jump_threshold_deg": JUMP_DEG},
         },
         "reference_vs_exact_max_q_error_m": reference_check,
         "seed_runs": seed_runs,
@@ -405,7 +434,7 @@ def run(out_dir: pathlib.Path, progress: bool) -> dict:
             for (alpha, name), rows in refinement.items()
         },
         "orders_vs_exact": {
-            a: {name: {"errors": errs, "hs": list(ORDER_HS), "t_final": ORDER_T, "order": p} for name, (errs, p) in by.items()}
+            a: {name: {"errors": errs, "hs": list(config.order_hs), "t_final": config.order_t, "order": p} for name, (errs, p) in by.items()}
             for a, by in orders.items()
         },
         "summary": summary,

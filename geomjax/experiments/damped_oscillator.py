@@ -39,6 +39,7 @@ and |r − r_mod|/h², |ω − ω_mod|/h² bounded (the truncated modified equat
 O(h²)-accurate); κ also fitted from the energies of the Fig. 1 runs.
 """
 
+import dataclasses
 import pathlib
 from collections.abc import Callable
 from typing import NamedTuple
@@ -51,7 +52,7 @@ import geomjax
 from geomjax import diagnostics
 
 from . import register
-from ._common import _figure, _save, max_finite, method_styles
+from ._common import MARKERS, _figure, _markevery, _save, max_finite, method_styles
 
 NAME = "damped-oscillator"
 
@@ -63,6 +64,23 @@ T_FINAL = 100.0
 ORDER_T = 10.0
 ORDER_HS = tuple(0.2 / 2**k for k in range(7))
 MODIFIED_HS = (0.1, 0.05, 0.025, 0.0125, 0.002, 0.001)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Step, horizon and grids of a run: the defaults are the module constants (the
+    seed's setting); `QUICK` is a tiny configuration that draws every figure (smoke tests)."""
+
+    h: float = H
+    t_final: float = T_FINAL
+    order_t: float = ORDER_T
+    order_hs: tuple = ORDER_HS
+    order_alphas: tuple = ORDER_ALPHAS
+    modified_hs: tuple = MODIFIED_HS
+
+
+QUICK = Config(t_final=20.0, order_t=2.0, order_hs=ORDER_HS[:3], order_alphas=(1.0, 0.1, 0.0),
+               modified_hs=MODIFIED_HS[-3:])
 
 
 def _contact1(model):
@@ -158,39 +176,40 @@ def _fitted_rate(ts, energy, alpha):
     return -float(np.log(last / first)) / span
 
 
-def _run_figure_1(progress):
-    steps = int(round(T_FINAL / H))
-    ts = np.arange(steps + 1) * H
+def _run_figure_1(progress, config: Config):
+    h = config.h
+    steps = int(round(config.t_final / h))
+    ts = np.arange(steps + 1) * h
     runs = {}
     for alpha in ALPHAS:
         model = geomjax.models.damped_oscillator(alpha)
         exact = _exact(model, ts)
-        leapfrog = _leapfrog(model, H, steps)
+        leapfrog = _leapfrog(model, h, steps)
         out = {"ts": ts, "exact": exact, "leapfrog": leapfrog, "methods": {}}
         for method in METHODS:
-            step, x0 = method.build(model, H)
-            sol = geomjax.integrate(step, x0, dt=H, steps=steps, throw=False,
+            step, x0 = method.build(model, h)
+            sol = geomjax.integrate(step, x0, dt=h, steps=steps, throw=False,
                                     progress=f"{method.name}, alpha={alpha:g}" if progress else False)
             out["methods"][method.name] = (_phase_state(sol.xs), sol.message)
         runs[alpha] = out
     return runs
 
 
-def _order_study():
+def _order_study(config: Config):
     """Relative errors at T for each method, α and h; and the fitted orders."""
     table, orders = {}, {}
     for method in ORDER_METHODS:
         table[method.name], orders[method.name] = {}, {}
-        for alpha in ORDER_ALPHAS:
+        for alpha in config.order_alphas:
             model = geomjax.models.damped_oscillator(alpha)
-            exact = _exact(model, np.array([ORDER_T]))[0]
+            exact = _exact(model, np.array([config.order_t]))[0]
             errors = []
-            for h in ORDER_HS:
+            for h in config.order_hs:
                 step, x0 = method.build(model, h)
-                x, status = diagnostics.final_state(step, x0, h, int(round(ORDER_T / h)))
+                x, status = diagnostics.final_state(step, x0, h, int(round(config.order_t / h)))
                 ok = bool(status == geomjax.RESULTS.successful)
                 errors.append(float(np.linalg.norm(_phase_state(x) - exact) / np.linalg.norm(exact)) if ok else np.nan)
-            fit = diagnostics.convergence_order(ORDER_HS, errors)
+            fit = diagnostics.convergence_order(config.order_hs, errors)
             table[method.name][alpha] = errors
             orders[method.name][alpha] = fit.order
     return table, orders
@@ -218,14 +237,14 @@ def _leading(h1, d1, h2, d2):
     return (d1 * h2**2 - d2 * h1**2) / (h1 * h2 * (h2 - h1))
 
 
-def _modified_lagrangian_study():
+def _modified_lagrangian_study(config: Config):
     rows, curves = [], {}
     for alpha in MODIFIED_ALPHAS:
         model = geomjax.models.damped_oscillator(alpha)
         wd = np.sqrt(1.0 - 0.25 * alpha**2)
         for method in METHODS[:3]:
             rates, freqs, rate_res, freq_res = [], [], [], []
-            for h in MODIFIED_HS:
+            for h in config.modified_hs:
                 step, x0 = method.build(model, h)
                 r, w = _rate_and_frequency(step, x0, h)
                 rp, wp = _predicted(method.name, alpha, h)
@@ -234,7 +253,7 @@ def _modified_lagrangian_study():
                 rate_res.append(abs(r - rp) / h**2)
                 freq_res.append(abs(w - wp) / h**2)
             # leading coefficients a of d(h) = a h + b h² from the two smallest steps
-            h1, h2 = MODIFIED_HS[-1], MODIFIED_HS[-2]
+            h1, h2 = config.modified_hs[-1], config.modified_hs[-2]
             rp, wp = _predicted(method.name, alpha, h1)
             rp2, wp2 = _predicted(method.name, alpha, h2)
             claim = {"contact": "eq. (11)", "LA": "eq. (8)"}.get(method.name, "order 2: no O(h) term")
@@ -255,48 +274,53 @@ def _modified_lagrangian_study():
     return rows, curves
 
 
-def _plot_figure_1(path, runs, styles):
+def _plot_figure_1(path, runs, styles, config: Config):
     fig, axes = _figure(3, len(ALPHAS), size=(6.0 * len(ALPHAS), 9.0))
     for j, (alpha, run) in enumerate(runs.items()):
         ts = run["ts"]
         ax = axes[0, j]
         ax.plot(ts, run["exact"][:, 0], color="black", linewidth=2.0, alpha=0.3, label="exact")
-        for name, (xs, _) in run["methods"].items():
-            ax.plot(ts, xs[:, 0], label=name, **styles[name])
+        # The methods agree to a line width here: staggered markers tell them apart.
+        for i, (name, (xs, _)) in enumerate(run["methods"].items()):
+            ax.plot(ts, xs[:, 0], label=name, marker=MARKERS[i], markersize=4,
+                    markevery=_markevery(len(ts), i, len(run["methods"])), **styles[name])
         ax.set_ylabel("q")
-        ax.set_title(rf"solutions, $\alpha$ = {alpha:g}, h = {H:g}, $(p_0, q_0)$ = (0.75, -0.25)", fontsize="small")
+        ax.set_title(rf"solutions, $\alpha$ = {alpha:g}, h = {config.h:g}, $(p_0, q_0)$ = (0.75, -0.25)", fontsize="small")
         for row, (ref_name, ref) in ((1, ("leapfrog h/10", run["leapfrog"])), (2, ("exact", run["exact"]))):
             ax = axes[row, j]
-            for name, (xs, _) in run["methods"].items():
-                ax.plot(ts[1:], _relative(xs, ref)[1:], label=name, **styles[name])
+            for i, (name, (xs, _)) in enumerate(run["methods"].items()):
+                ax.plot(ts[1:], _relative(xs, ref)[1:], label=name, marker=MARKERS[i], markersize=4,
+                        markevery=_markevery(len(ts) - 1, i, len(run["methods"])), **styles[name])
             ax.set_yscale("log")
             ax.set_ylabel(f"relative error vs {ref_name}")
             ax.grid(True, which="major", alpha=0.3)
         axes[2, j].set_xlabel("t")
         axes[0, j].grid(True, alpha=0.3)
-    axes[0, 0].legend(loc="upper right", fontsize="x-small")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize="small")
     fig.suptitle("damped oscillator (seed 002 Fig. 1): contact (eq. 10) vs Lagrange-d'Alembert (eq. 7)")
     return _save(fig, path)
 
 
-def _plot_orders(path, table, orders, styles):
+def _plot_orders(path, table, orders, styles, config: Config):
     fig, axes = _figure(1, len(ORDER_METHODS) + 1, size=(4.2 * (len(ORDER_METHODS) + 1), 4.0), sharex=False)
-    hs = np.asarray(ORDER_HS)
+    hs = np.asarray(config.order_hs)
     colours = ("tab:purple", "tab:brown", "tab:blue", "tab:green", "tab:olive", "tab:gray")
     for i, method in enumerate(ORDER_METHODS):
         ax = axes[0, i]
-        for c, alpha in zip(colours, ORDER_ALPHAS):
+        # Errors for small alpha agree to a line width: one marker per alpha tells them apart.
+        for k, (c, alpha) in enumerate(zip(colours, config.order_alphas)):
             p = orders[method.name][alpha]
-            ax.loglog(hs, table[method.name][alpha], "o-", color=c, markersize=3, label=rf"$\alpha$={alpha:g}: p={p:.2f}")
+            ax.loglog(hs, table[method.name][alpha], "-", marker=MARKERS[k], color=c, markersize=4,
+                      markerfacecolor="none", label=rf"$\alpha$={alpha:g}: p={p:.2f}")
         ax.loglog(hs, 0.5 * hs, "k:", linewidth=0.8)
         ax.loglog(hs, 0.05 * hs**2, "k--", linewidth=0.8)
-        ax.set_title(f"{method.name}: error at t = {ORDER_T:g}", fontsize="small")
+        ax.set_title(f"{method.name}: error at t = {config.order_t:g}", fontsize="small")
         ax.set_xlabel("h")
         ax.legend(fontsize="xx-small")
         ax.grid(True, which="both", alpha=0.2)
     axes[0, 0].set_ylabel("relative error (k: h, --: h²)")
     ax = axes[0, -1]
-    a = np.asarray([x for x in ORDER_ALPHAS if x > 0])
+    a = np.asarray([x for x in config.order_alphas if x > 0])
     for method in ORDER_METHODS:
         ax.semilogx(a, [orders[method.name][x] for x in a], "o-", label=method.name, color=styles[method.name]["color"])
     ax.set_xlabel(r"$\alpha$")
@@ -308,9 +332,9 @@ def _plot_orders(path, table, orders, styles):
     return _save(fig, path)
 
 
-def _plot_modified(path, curves, styles):
+def _plot_modified(path, curves, styles, config: Config):
     fig, axes = _figure(1, len(MODIFIED_ALPHAS), size=(4.5 * len(MODIFIED_ALPHAS), 4.0), sharex=False)
-    hs = np.asarray(MODIFIED_HS)
+    hs = np.asarray(config.modified_hs)
     fine = np.geomspace(hs.min(), hs.max(), 50)
     for j, alpha in enumerate(MODIFIED_ALPHAS):
         ax = axes[0, j]
@@ -333,17 +357,25 @@ def _plot_modified(path, curves, styles):
     NAME,
     "Seed 002 sec. 3.1, Fig. 1: damped oscillator, contact (Herglotz) vs forced Lagrange-d'Alembert; "
     "errors vs leapfrog and exact, measured orders, modified-Lagrangian checks",
+    options=("dt", "t_final"),
+    quick={"config": QUICK},
 )
-def run(out_dir: pathlib.Path, progress: bool) -> dict:
+def run(out_dir: pathlib.Path, progress: bool, config: Config | None = None, dt=None, t_final=None) -> dict:
+    """Figure 1's runs, the order study and the modified-Lagrangian check; `config`
+    (default `Config()`, the seed's) sets the sizes, `dt` and `t_final` (the `--dt`,
+    `--t-final` options) the step and horizon of figure 1's runs."""
+    config = Config() if config is None else config
+    config = dataclasses.replace(config, **{k: float(v) for k, v in (("h", dt), ("t_final", t_final)) if v is not None})
+    H = config.h  # noqa: N806 (the step of figure 1's runs, as in the seed)
     out_dir = pathlib.Path(out_dir)
     styles = method_styles(METHODS)
-    runs = _run_figure_1(progress)
-    table, orders = _order_study()
-    modified_rows, curves = _modified_lagrangian_study()
+    runs = _run_figure_1(progress, config)
+    table, orders = _order_study(config)
+    modified_rows, curves = _modified_lagrangian_study(config)
     figures = [
-        _plot_figure_1(out_dir / f"{NAME}_solutions.png", runs, styles),
-        _plot_orders(out_dir / f"{NAME}_orders.png", table, orders, styles),
-        _plot_modified(out_dir / f"{NAME}_modified.png", curves, styles),
+        _plot_figure_1(out_dir / f"{NAME}_solutions.png", runs, styles, config),
+        _plot_orders(out_dir / f"{NAME}_orders.png", table, orders, styles, config),
+        _plot_modified(out_dir / f"{NAME}_modified.png", curves, styles, config),
     ]
     summary, fig1 = [], {}
     for alpha, run_ in runs.items():
@@ -384,13 +416,13 @@ def run(out_dir: pathlib.Path, progress: bool) -> dict:
             "m": 1.0,
             "alphas": list(ALPHAS),
             "h": H,
-            "t_final": T_FINAL,
+            "t_final": config.t_final,
             "q0": -0.25,
             "p0": 0.75,
             "relative_error": "||(q, p) - (q, p)_ref|| / ||(q, p)_ref|| (phase space, p = q' for m = 1)",
             "leapfrog": "geomjax.contact_splitting order 2 (C B A B C) at h/10",
-            "order_study": {"alphas": list(ORDER_ALPHAS), "hs": list(ORDER_HS), "t_final": ORDER_T},
-            "modified_study": {"alphas": list(MODIFIED_ALPHAS), "hs": list(MODIFIED_HS)},
+            "order_study": {"alphas": list(config.order_alphas), "hs": list(config.order_hs), "t_final": config.order_t},
+            "modified_study": {"alphas": list(MODIFIED_ALPHAS), "hs": list(config.modified_hs)},
         },
         "methods": {m.name: m.description for m in METHODS},
         "figure_1": fig1,

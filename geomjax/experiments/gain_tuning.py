@@ -85,7 +85,7 @@ from jax import lax
 import geomjax
 
 from . import register
-from ._common import _save
+from ._common import MARKERS, _markevery, _save
 
 NAME = "gain-tuning"
 
@@ -403,6 +403,11 @@ def _plot_history(path, problem, tunings, held_out):
         ax.relim()
         ax.autoscale_view()
         names = problem.model.quantity_names
+        # Gains that move together (equal starts) would hide each other: a marker each.
+        for k, line in enumerate(ax.get_lines()):
+            line.set_marker(MARKERS[k % len(MARKERS)])
+            line.set_markevery(_markevery(len(line.get_xdata()), k, len(ax.get_lines()), marks=8))
+            line.set_markerfacecolor("none")
         handles = ax.get_lines()
         labels = [_gain_label(names, h.get_label()) for h in handles]
         ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
@@ -458,8 +463,9 @@ def _plot_held_out(path, held, failed, problems, titles, methods):
     from matplotlib.lines import Line2D
 
     handles = [_patch(v) for v in VARIANTS] + [Line2D([], [], color="black", linestyle="--", linewidth=1.0)]
-    fig.legend(handles, [*VARIANTS, "no feedback (gains 0)"], loc="outside lower center", ncols=len(VARIANTS) + 1,
-               fontsize="small")
+    # about 2.2 inches per legend entry: as many columns as the figure is wide
+    ncols = max(1, min(len(VARIANTS) + 1, int(4.6 * len(problems) / 2.2)))
+    fig.legend(handles, [*VARIANTS, "no feedback (gains 0)"], loc="outside lower center", ncols=ncols, fontsize="small")
     fig.suptitle("held-out objectives at h0 (lower is better; hatched: runs failed)", fontsize="medium")
     return _save(fig, path)
 
@@ -472,17 +478,25 @@ def _patch(variant):
 
 def _plot_errors(path, problem, curves, baseline, methods):
     """2 × 2 panels: invariant and trajectory error vs h (top) and vs force evaluations."""
+    from matplotlib.lines import Line2D
+
     fig, axes = _figure(2, 2, (11.0, 9.6))
+    handles, labels = [], []
+    for m in methods:
+        for v in (*VARIANTS, "none"):
+            handles.append(Line2D([], [], **{"linewidth": 1.0, "markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}))
+            labels.append(_curve_label(f"{v} ({m})", curves[m][v]))
+    handles.append(Line2D([], [], **{"linewidth": 1.0, **_BASELINE_STYLE}))
+    labels.append(_curve_label(problem.baseline_name, baseline))
     for col, quantity in enumerate(("invariants", "trajectory")):
         for row, xkey in enumerate(("h", "force_evaluations")):
             ax = axes[row, col]
             for m in methods:
                 for v in (*VARIANTS, "none"):
                     x, y = _curve(curves[m][v], xkey, quantity)
-                    style = {"markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}
-                    # A curve without points (every run failed) still gets its legend entry.
-                    ax.loglog(x if x.size else [np.nan], y if y.size else [np.nan],
-                              label=_curve_label(f"{v} ({m})", curves[m][v]), linewidth=1.0, **style)
+                    if x.size:  # a curve without points (every run failed) has only its legend entry
+                        style = {"markersize": 4, **_VARIANT_STYLE[v], **_METHOD_STYLE[m]}
+                        ax.loglog(x, y, label=_curve_label(f"{v} ({m})", curves[m][v]), linewidth=1.0, **style)
             x, y = _curve(baseline, xkey, quantity)
             ax.loglog(x, y, label=_curve_label(problem.baseline_name, baseline), linewidth=1.0, **_BASELINE_STYLE)
             ax.set_xlabel("step size h" if xkey == "h" else "force evaluations (feedback field 4, grad H 1)")
@@ -490,7 +504,6 @@ def _plot_errors(path, problem, curves, baseline, methods):
                           else "trajectory error (geo. mean RMS |x - x_ref|)", fontsize="small")
             ax.set_title(f"{quantity} error vs {'h' if xkey == 'h' else 'force evaluations'}", fontsize="medium")
             ax.grid(True, which="major", alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
     fig.suptitle(f"{problem.title}: held-out states, t in [0, {curves['t_final']:g}]", fontsize="medium")
     return _save(fig, path)
@@ -728,6 +741,7 @@ def _short(gains) -> str:
     "Issue 12: feedback gains (paper, adaptive, rule of thumb, tuned with optax) on held-out starts for the "
     "spherical and double pendulums and Kepler, Euler and RK4; error vs h and vs force evaluations against "
     "RATTLE / Stormer-Verlet (seed 000 Fig. 6 revisited)",
+    quick={"settings": QUICK},
 )
 def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None) -> dict:
     """Tune, evaluate on held-out states, sweep h; write the figures, return the metrics."""

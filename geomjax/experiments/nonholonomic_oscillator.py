@@ -231,6 +231,7 @@ def _plot_sections(path, runs_long, title):
     NAME,
     "Seed 001 sec. 3.7: nonholonomic oscillator, feedback Euler vs discrete Lagrange-d'Alembert; "
     "energy, constraint, H_y errors and Poincare sections",
+    quick={"series_steps": 200, "section_steps": 3000},
 )
 def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, section_steps: int = 200_000) -> dict:
     out_dir = pathlib.Path(out_dir)

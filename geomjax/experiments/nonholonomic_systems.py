@@ -531,9 +531,11 @@ def run_system(setup: Setup, out_dir: pathlib.Path, progress: bool) -> dict:
 def _register(key: str):
     setup = SETUPS[key]
 
-    @register(key, f"Seed 001: {setup.title}; feedback Euler/RK4 vs the extended field without feedback")
-    def run(out_dir: pathlib.Path, progress: bool) -> dict:
-        return run_system(setup, out_dir, progress)
+    @register(key, f"Seed 001: {setup.title}; feedback Euler/RK4 vs the extended field without feedback",
+              options=("dt", "t_final", "gains"), quick={"t_final": 0.2})
+    def run(out_dir: pathlib.Path, progress: bool, **options) -> dict:
+        from ._common import with_options
+        return run_system(with_options(setup, **options), out_dir, progress)
 
     return run
 

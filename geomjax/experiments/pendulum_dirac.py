@@ -196,7 +196,8 @@ def _swept_figure(path, left, right, title):
 
 
 @register(NAME, "Seed 003 sec. IV A, Figs. 1-2, Table I: Cartesian pendulum, Dirac-1/2 vs trapezium, AB3, RK4 "
-                "(+ RATTLE, Gauss-4, feedback Euler); setting searched to match the table")
+                "(+ RATTLE, Gauss-4, feedback Euler); setting searched to match the table",
+          quick={"angles": (1.0, 1.5), "steps_per_period": (64,), "periods": 2, "orders": False})
 def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_period=SEARCH_STEPS,
         periods=PERIODS, orders=True, methods=TABLE_METHODS) -> dict:
     """Search the setting, run the table and the figures at it, measure the orders.

@@ -43,6 +43,7 @@ from ._common import (
     plot_error_grid,
     plot_log_errors,
     run_method,
+    with_options,
 )
 
 NAME = "spherical-pendulum"
@@ -205,10 +206,17 @@ def _method_metrics(run, errors: np.ndarray, names, setup: Setup) -> dict:
     NAME,
     "Seed 000 sec. 2.3: spherical pendulum, feedback Euler vs RATTLE, Lie-Trotter, Strang "
     "(and Euler without feedback), h=1e-3, t<=100",
+    options=("dt", "t_final", "gains"),
+    quick={"t_final": 0.5},
 )
-def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, methods=None) -> dict:
-    """Integrate every method, write the figures into `out_dir`, return the metrics."""
+def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, methods=None, *, dt=None, t_final=None,
+        gains=None) -> dict:
+    """Integrate every method, write the figures into `out_dir`, return the metrics.
+
+    `dt`, `t_final`, `gains` change the step size, the horizon and the feedback gain(s)
+    of the default setup (`_common.with_options`)."""
     setup = default_setup() if setup is None else setup
+    setup = with_options(setup, dt=dt, t_final=t_final, gains=gains)
     methods = METHODS if methods is None else methods
     model = setup.model
     names = model.quantity_names
@@ -230,6 +238,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
             ["$q_1$", "$q_2$", "$q_3$"],
             title=f"Trajectory q(t), {subtitle} (seed 000 Fig. 1)",
             styles=styles,
+            difference_to="RATTLE" if "RATTLE" in positions else None,
         )
     ]
     for j, q in enumerate(names):
@@ -279,7 +288,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
             "t_final": setup.t_final,
             "steps": setup.steps,
             "save_every": setup.save_every,
-            "gains": [setup.gains] * len(names),
+            "gains": np.broadcast_to(np.asarray(setup.gains, dtype=float), (len(names),)).tolist(),
             "quantities": list(names),
             "errors_measured_at": "saved states (every save_every steps, t = 0 included)",
             "timing": "wall_time_s: first call incl. JIT compilation; run_time_s: compiled re-run",

@@ -79,12 +79,14 @@ def _run(name, model, h, t_final, save_dt=SAVE_DT):
 
 
 @register("ziegler-column", "Seed 003 sec. IV B, Figs. 4-7: Ziegler column (n = 2), angles by Dirac-1, Dirac-2, "
-                            "trapezium and a converged reference; full turns and different equilibria")
+                            "trapezium and a converged reference; full turns and different equilibria",
+          options=("dt", "t_final"), quick={"t_final": 2.0, "check_reference": False})
 def run_column(out_dir: pathlib.Path, progress: bool, t_final=None, h=None, methods=COLUMN_METHODS,
-               check_reference=True) -> dict:
+               check_reference=True, dt=None) -> dict:
+    """`h` (or `dt`, the `--dt` option) and `t_final` override the step and the horizon."""
     out_dir = pathlib.Path(out_dir)
     t_final = COLUMN["t_final"] if t_final is None else t_final
-    h = COLUMN["h"] if h is None else h
+    h = COLUMN["h"] if h is None and dt is None else (h if dt is None else dt)
     n = COLUMN["n"]
     model = _column()
     curves, metrics, times = {}, {}, {}
@@ -126,14 +128,16 @@ def run_column(out_dir: pathlib.Path, progress: bool, t_final=None, h=None, meth
             ts_r, a_r = curves["reference"]
             if name != "reference":
                 for i in range(n):
-                    ax.plot(ts_r, a_r[:, i], linewidth=0.6, color="k", alpha=0.35,
-                            label="reference" if i == 0 else None)
+                    # a wide translucent band: a method on the reference stays visible on top of it
+                    ax.plot(ts_r, a_r[:, i], linewidth=3.0, color="k", alpha=0.2,
+                            label="reference" if i == 0 else None, zorder=1)
             ax.set_title(f"{name}: crossings of the downward vertical {metrics[name]['downward_crossings_per_rod']}")
             ax.set_xlabel("t")
             ax.set_ylabel("angle from the upward vertical")
             ax.set_ylim(-3.3, 3.3)
             ax.grid(True, alpha=0.3)
-            ax.legend(loc="lower right", fontsize="small")
+        # One legend beside the panels (inside, it hid part of the curves).
+        fig.legend(*axes[0, 1].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
         fig.suptitle(title)
         figures.append(_save(fig, out_dir / f"ziegler-column_{tag}_{left}_vs_{right}.png"))
 
@@ -189,7 +193,8 @@ _MARKERS = {"right": ("tab:blue", ">"), "left": ("tab:orange", "<"), "upright": 
 
 
 @register("ziegler-bifurcation", "Beyond seed 003: Ziegler column, vmapped sweep over the load P and h; which "
-                                 "equilibrium each method settles about vs a converged reference")
+                                 "equilibrium each method settles about vs a converged reference",
+          options=("t_final",), quick={"loads": (0.2, 0.5), "steps": (0.1,), "t_final": 4.0})
 def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, steps=BIF_STEPS, t_final=BIF_T,
                     methods=BIF_METHODS) -> dict:
     out_dir = pathlib.Path(out_dir)

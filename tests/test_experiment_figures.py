@@ -1,0 +1,113 @@
+"""Every experiment, at its tiny `quick` configuration, draws figures that pass the
+readability checks of `geomjax.experiments._figure_check`, and `reproduce` writes the
+metrics (JSON) and the arrays behind the figures (npz).
+
+One test per experiment: `reproduce(name, quick=True)` records each saved figure and runs
+`figure_problems` on it; the test asserts that no figure has a problem and that the npz
+holds data for every figure. The checker itself is tested on figures built to fail.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from geomjax.experiments import experiments, reproduce
+from geomjax.experiments._figure_check import figure_problems
+
+# Experiments whose figures fail a check, in files owned elsewhere (fixed there): the
+# reason names the defect.
+_PATHS = (
+    "nonholonomic_systems._plot_paths (owned by the nonholonomic branch): in the path figure the methods coincide "
+    "within a pixel with no marker to tell them apart; at equal aspect a long thin path leaves the panel mostly "
+    "empty; a long title is cut off"
+)
+KNOWN = {name: _PATHS for name in ("chaplygin-sleigh", "heisenberg", "knife-edge", "roller-racer", "vertical-disk")}
+
+
+def _params():
+    for name in experiments():
+        marks = [pytest.mark.xfail(reason=KNOWN[name], strict=False)] if name in KNOWN else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", list(_params()))
+def test_quick_run_figures_are_readable(name, tmp_path):
+    metrics = reproduce(name, tmp_path, quick=True)
+    assert metrics["figure_problems"] == {}, metrics["figure_problems"]
+    stored = json.loads((tmp_path / f"{name}.json").read_text())
+    assert stored["quick"] is True and stored["arrays"] == f"{name}.npz"
+    pngs = sorted(p.stem for p in tmp_path.glob("*.png"))
+    assert pngs, "no figure written"
+    with np.load(tmp_path / f"{name}.npz") as arrays:
+        for stem in pngs:
+            assert any(k.startswith(f"{stem}/") for k in arrays.files), f"no arrays for figure {stem}"
+
+
+def _fig():
+    fig = Figure(figsize=(3.0, 2.0), layout="constrained")
+    return fig, fig.subplots()
+
+
+def test_checker_finds_text_outside_the_canvas():
+    fig, ax = _fig()
+    ax.plot([0.0, 1.0], [0.0, 1.0])
+    ax.set_title("a title far too long to fit the width of a three-inch-wide figure at all")
+    problems = figure_problems(fig)
+    assert any("passes the figure's" in p and "cut off" in p for p in problems), problems
+
+
+def test_checker_finds_empty_axes_and_invisible_log_series():
+    fig = Figure(figsize=(6.0, 2.5), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.set_title("nothing")
+    right.plot([0.0, 1.0, 2.0], [0.0, 0.0, 0.0], label="zeros")
+    right.set_yscale("log")
+    problems = figure_problems(fig)
+    assert any("empty axes" in p and "'nothing'" in p for p in problems), problems
+    assert any("'zeros'" in p and "log y axis" in p for p in problems), problems
+
+
+def test_checker_finds_coinciding_series_overlapping_texts_and_a_covering_legend():
+    fig, ax = _fig()
+    t = np.linspace(0.0, 1.0, 200)
+    ax.plot(t, t, label="a")
+    ax.plot(t, t + 1e-9, label="b")
+    ax.plot(t, 0.5 + 0.0 * t, label="c")
+    ax.text(0.2, 0.2, "slope 1")
+    ax.text(0.21, 0.2, "slope 2")
+    ax.legend(loc="center")
+    problems = figure_problems(fig)
+    assert any("'a', 'b' coincide" in p for p in problems), problems
+    assert any("'slope 1' and 'slope 2' overlap" in p for p in problems), problems
+    assert any("legend hides" in p and "'c'" in p for p in problems), problems
+
+
+def test_checker_passes_a_readable_figure():
+    fig, ax = _fig()
+    t = np.linspace(1.0, 2.0, 50)
+    ax.plot(t, t**2, label="t^2")
+    ax.set_yscale("log")
+    ax.set_xlabel("t")
+    ax.set_title("fine")
+    fig.legend(loc="outside right upper")
+    assert figure_problems(fig) == []
+
+
+def test_checker_finds_a_thin_path_at_equal_aspect():
+    fig, ax = _fig()
+    s = np.linspace(0.0, 10.0, 100)
+    ax.plot(0.1 * np.sin(s), s, label="path")
+    ax.set_aspect("equal", adjustable="datalim")
+    problems = figure_problems(fig)
+    assert any("mostly empty" in p for p in problems), problems
+
+
+def test_checker_finds_a_legend_over_the_title():
+    fig, ax = _fig()
+    ax.plot([0.0, 1.0], [0.0, 1.0], label="a line")
+    fig.suptitle("a title across the whole width of the figure")
+    fig.legend(loc="upper right")
+    problems = figure_problems(fig)
+    assert any("legend overlaps the title" in p for p in problems), problems
