@@ -177,7 +177,7 @@ def dla(
     >>> import geomjax
     >>> model = geomjax.models.nonholonomic_oscillator()
     >>> for order in (1, 2):
-    ...     sol = geomjax.integrate(geomjax.dla(model.system, order=order), model.x0, dt=0.05, steps=200)
+    ...     sol = geomjax.integrate(geomjax.dla(model.system, order=order), model.x0, dt=0.01, steps=200)
     ...     x, y, z, px, py, pz = sol.xs[-1]
     ...     print(order, bool(abs(px + y * pz) < 1e-10))
     1 True
