@@ -15,8 +15,12 @@ exactly), with the feedback targets of the start on it; `vertical-disk` also run
 (`vertical_disk(extension="seed")`), with the seed's feedback (61).
 
 Figures: the errors of the monitored quantities (one log panel each; a panel's title
-names the methods whose error is exactly zero and so not drawn), the error against the
-reference, and the path in the (x, y) plane with a zoom on its end points.
+names the methods whose error is exactly zero and so not drawn, and the groups of curves
+on top of each other), the error against the reference, and the path in the (x, y) plane
+with a zoom on its end points. Every method has its own marker in every figure, so that
+curves that agree to a line width can still be told apart; the zoom is centred on the
+reference's end and names the end points it leaves out (one run far off) and those that
+agree to a line width.
 
 The runs without feedback are made with `drift_tol=None`, so their curves show the whole
 drift; the summary table's "default check" column gives the status `geomjax.integrate`'s
@@ -37,7 +41,6 @@ used; where the gradients of F grow along the motion (Heisenberg) the limit shri
 """
 
 import pathlib
-import textwrap
 from dataclasses import dataclass, field
 
 import jax
