@@ -18,12 +18,7 @@ from geomjax.experiments._figure_check import figure_problems
 
 # Experiments whose figures fail a check, in files owned elsewhere (fixed there): the
 # reason names the defect.
-_PATHS = (
-    "nonholonomic_systems._plot_paths (owned by the nonholonomic branch): in the path figure the methods coincide "
-    "within a pixel with no marker to tell them apart; at equal aspect a long thin path leaves the panel mostly "
-    "empty; a long title is cut off"
-)
-KNOWN = {name: _PATHS for name in ("chaplygin-sleigh", "heisenberg", "knife-edge", "roller-racer", "vertical-disk")}
+KNOWN: dict[str, str] = {}
 
 
 def _params():

@@ -15,8 +15,12 @@ exactly), with the feedback targets of the start on it; `vertical-disk` also run
 (`vertical_disk(extension="seed")`), with the seed's feedback (61).
 
 Figures: the errors of the monitored quantities (one log panel each; a panel's title
-names the methods whose error is exactly zero and so not drawn), the error against the
-reference, and the path in the (x, y) plane with a zoom on its end points.
+names the methods whose error is exactly zero and so not drawn, and the groups of curves
+on top of each other), the error against the reference, and the path in the (x, y) plane
+with a zoom on its end points. Every method has its own marker in every figure, so that
+curves that agree to a line width can still be told apart; the zoom is centred on the
+reference's end and names the end points it leaves out (one run far off) and those that
+agree to a line width.
 
 The runs without feedback are made with `drift_tol=None`, so their curves show the whole
 drift; the summary table's "default check" column gives the status `geomjax.integrate`'s
@@ -37,7 +41,6 @@ used; where the gradients of F grow along the motion (Heisenberg) the limit shri
 """
 
 import pathlib
-import textwrap
 from dataclasses import dataclass, field
 
 import jax
@@ -299,10 +302,33 @@ def _reference(model, setup: Setup, ts):
     return np.asarray(sol.xs), f"reference (RK4 on X, h = {setup.dt / 10:g})"
 
 
-def _zero_note(ax, series: dict) -> None:
-    """Say in the panel's title which curves cannot be seen: the methods whose error is
-    exactly 0 at every save after the start (not drawn on a log axis) or at most of them
-    (gaps), and pairs of curves on top of each other."""
+def _clusters(names: list[str], together) -> list[list[str]]:
+    """The groups of `names` linked by the relation `together(a, b)` (its transitive
+    closure), each in the order of `names`; singletons left out."""
+    group = {n: n for n in names}
+
+    def root(n):
+        while group[n] != n:
+            n = group[n]
+        return n
+
+    for a, name in enumerate(names):
+        for other in names[a + 1 :]:
+            if together(name, other):
+                group[root(other)] = root(name)
+    clusters: dict[str, list[str]] = {}
+    for n in names:
+        clusters.setdefault(root(n), []).append(n)
+    return [c for c in clusters.values() if len(c) > 1]
+
+
+def _zero_note(fig, ax, series: dict) -> list[str]:
+    """Say in the panel's title which curves cannot be seen or sit on each other: the
+    methods whose error is exactly 0 at every save after the start (not drawn on a log
+    axis) or at most of them (gaps), and groups of curves equal to 1% at every save
+    (each drawn with its own marker). Returns the names that have nothing to draw."""
+    from ._common import wrap_title
+
     everywhere, mostly = [], []
     for name, y in series.items():
         zero = np.asarray(y, dtype=float)[1:] == 0.0  # the start is 0 for every method
@@ -310,113 +336,190 @@ def _zero_note(ax, series: dict) -> None:
             everywhere.append(name)
         elif zero.mean() > 0.5:
             mostly.append(name)
-    # curves hidden under another one: equal to 1% at every save
-    hidden = []
-    items = [(n, np.asarray(y, dtype=float)) for n, y in series.items() if n not in everywhere]
-    for a, (name, y) in enumerate(items):
-        for other, z in items[a + 1 :]:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                close = np.abs(y - z) <= 1e-2 * np.maximum(np.abs(y), np.abs(z))
-            if np.all(close[1:]) and np.any(y[1:] > 0):
-                hidden.append(f"{name} = {other}")
-    lines = []
-    for label, names in (
-        ("exactly 0, not drawn", everywhere),
-        ("0 at most saves (gaps)", mostly),
-        ("on top of each other (within 1%)", hidden),
-    ):
-        if names:
-            lines.extend(textwrap.wrap(f"{label}: " + "; ".join(names), 60))
-    if lines:
-        ax.set_title("\n".join(lines), fontsize="x-small", loc="left")
+    values = {n: np.asarray(y, dtype=float) for n, y in series.items() if n not in everywhere}
+
+    def close(a, b):
+        y, z = values[a], values[b]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            near = np.abs(y - z) <= 1e-2 * np.maximum(np.abs(y), np.abs(z))
+        return bool(np.all(near[1:]) and np.any(y[1:] > 0))
+
+    hidden = [" = ".join(c) for c in _clusters(list(values), close)]
+    parts = [
+        f"{label}: " + "; ".join(names)
+        for label, names in (
+            ("exactly 0, not drawn", everywhere),
+            ("0 at most saves (gaps)", mostly),
+            ("on top of each other (within 1%)", hidden),
+        )
+        if names
+    ]
+    if parts:
+        width = fig.get_figwidth() * ax.get_position().width
+        ax.set_title(wrap_title("\n".join(parts), width, 8.0), fontsize=8.0, loc="left")
+    return everywhere
+
+
+def _with_markers(styles: dict) -> dict:
+    """Each method's style with a marker of its own (hollow), so that curves that agree
+    to a line width stay distinguishable in every figure."""
+    from ._common import MARKERS
+
+    return {
+        name: {"marker": MARKERS[i % len(MARKERS)], "markerfacecolor": "none", **style}
+        for i, (name, style) in enumerate(styles.items())
+    }
+
+
+def _draw_errors(fig, ax, ts, series: dict, styles, ylabel) -> None:
+    """The log error curves of a panel, with the notes of `_zero_note` in its title; a
+    panel where every method is exactly 0 says so in its middle."""
+    from ._common import _draw_log_errors
+
+    zero = _zero_note(fig, ax, series)
+    drawable = {n: y for n, y in series.items() if n not in zero}
+    if drawable:
+        _draw_log_errors(ax, ts, drawable, styles, ylabel)
+    else:
+        ax.text(0.5, 0.5, "exactly 0 for every method", transform=ax.transAxes, ha="center", va="center")
+        ax.set_ylabel(ylabel)
 
 
 def _plot_invariants(path, ts, errors: dict, names, title, styles):
-    """One log panel per monitored quantity (no empty panels), with notes on exact zeros."""
-    from ._common import _draw_log_errors, _figure, _save, delta_label
+    """One log panel per monitored quantity (no empty panels), with notes on exact zeros;
+    the legend in the spare panel or below the panels."""
+    from ._common import _figure, _save, delta_label
 
     m = len(names)
     ncols = m if m <= 3 else (2 if m == 4 else 3)
     nrows = -(-m // ncols)
-    fig, axes = _figure(nrows, ncols, size=(4.6 * ncols, 3.0 * nrows + 1.2))
+    fig, axes = _figure(nrows, ncols, size=(4.6 * ncols, 3.2 * nrows + 1.4))
     for j, q in enumerate(names):
         ax = axes.flat[j]
-        series = {k: v[:, j] for k, v in errors.items()}
-        _draw_log_errors(ax, ts, series, styles, delta_label(q))
-        _zero_note(ax, series)
+        _draw_errors(fig, ax, ts, {k: v[:, j] for k, v in errors.items()}, styles, delta_label(q))
         if j >= m - ncols:
             ax.set_xlabel("t")
             ax.xaxis.set_tick_params(labelbottom=True)
     spare = list(axes.flat)[m:]
     for ax in spare:
         ax.set_axis_off()
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, labels = _legend(styles)
     if spare:  # the legend fills the spare panel
         spare[0].legend(handles, labels, loc="center", fontsize="small")
     else:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
+        fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(len(labels)), fontsize="small")
     fig.suptitle(title, fontsize="medium")
     return _save(fig, path)
+
+
+def _legend_columns(n: int) -> int:
+    """Columns of a legend under the panels: one row up to 4 entries, else two rows."""
+    return n if n <= 4 else -(-n // 2)
+
+
+def _legend(styles):
+    """A legend entry for every method (also those with nothing drawn in a panel)."""
+    from ._common import _legend_handles
+
+    return _legend_handles(list(styles), styles)
 
 
 def _plot_error(path, ts, exact: dict, title, styles):
-    from ._common import _draw_log_errors, _figure, _save
+    from ._common import _figure, _save
 
-    fig, axes = _figure(size=(7.5, 4.4))
+    fig, axes = _figure(size=(8.0, 5.0))
     ax = axes[0, 0]
-    _draw_log_errors(ax, ts, exact, styles, r"$\max_i |x_i(t) - x_i^{\mathrm{ref}}(t)|$")
-    _zero_note(ax, exact)
+    _draw_errors(fig, ax, ts, exact, styles, r"$\max_i |x_i(t) - x_i^{\mathrm{ref}}(t)|$")
     ax.set_xlabel("t")
-    ax.legend(loc="best", fontsize="x-small")
+    handles, labels = _legend(styles)
+    fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(len(labels)), fontsize="small")
     fig.suptitle(title, fontsize="medium")
     return _save(fig, path)
+
+
+def _last_finite(xy: np.ndarray) -> int | None:
+    ok = np.flatnonzero(np.all(np.isfinite(xy), axis=1))
+    return int(ok[-1]) if ok.size else None
+
+
+def _zoom_window(ends: dict, reference: str | None):
+    """Centre, half-width and the far end points of the zoom on the end points `ends`
+    (name -> (x, y)). The centre is the reference's end where there is one (else the
+    mean); an end more than 10 times farther from it than every other one is left out
+    of the window (and returned, name -> distance), so that a single run far off does
+    not squeeze the others into one dot."""
+    points = np.array(list(ends.values()))
+    centre = ends[reference] if reference is not None else points.mean(axis=0)
+    floor = 1e-6 * (1.0 + np.abs(centre).max())
+    dist = {n: float(np.hypot(*(e - centre))) for n, e in ends.items()}
+    order = sorted(dist, key=dist.get)
+    outside = {}
+    while len(order) > 1 and dist[order[-2]] > floor and dist[order[-1]] > 10.0 * dist[order[-2]]:
+        name = order.pop()
+        outside[name] = dist[name]
+    half = max(1.5 * max(dist[n] for n in order), floor)
+    return centre, half, dict(reversed(outside.items()))
 
 
 def _plot_paths(path, runs, ref, ref_name, setup: Setup, styles):
     """The path in the (x, y) plane, and a zoom on its end where the methods part; `ref`
-    (the exact solution or the reference run at the saves) in grey where there is one."""
+    (the exact solution or the reference run at the saves) in grey where there is one.
+    Every method has its own marker: staggered along the path in the left panel, on its
+    end point in the zoom; the zoom's title names the methods whose end points agree to
+    a line width."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    from ._common import _markevery, _save, wrap_title
 
     i, j = setup.path_indices
-    fig = Figure(figsize=(11.0, 5.0), layout="constrained")
+    fig = Figure(figsize=(11.0, 5.6), layout="constrained")
     full, zoom = fig.subplots(1, 2)
-    ends = []
+    ends = {}
     if ref is not None:
         label = ref_name.split(" (")[0]
         for ax in (full, zoom):
             ax.plot(ref[:, i], ref[:, j], color="black", linewidth=3.0, alpha=0.25, label=label)
-        ends.append(ref[-1, [i, j]])
-    for r in runs:
-        xs = np.asarray(r.solution.xs)
-        for ax in (full, zoom):
-            ax.plot(xs[:, i], xs[:, j], label=r.method.name, **styles[r.method.name])
-        zoom.plot(xs[-1, i], xs[-1, j], "o", markersize=4, color=styles[r.method.name]["color"])
-        ends.append(xs[-1, [i, j]])
-    ends = np.array([e for e in ends if np.all(np.isfinite(e))])
+        ends[label] = ref[-1, [i, j]]
+    paths = {r.method.name: np.asarray(r.solution.xs)[:, [i, j]] for r in runs}
+    for k, (name, xy) in enumerate(paths.items()):
+        style = {"markersize": 5, **styles[name]}
+        full.plot(xy[:, 0], xy[:, 1], label=name, markevery=_markevery(len(xy), k, len(paths)), **style)
+        last = _last_finite(xy)
+        if last is not None:
+            zoom.plot(xy[:, 0], xy[:, 1], label=name, markevery=[last], **{**style, "markersize": 8})
+            ends[name] = xy[last]
     for ax in (full, zoom):
         ax.set_xlabel("x")
         ax.set_ylabel("y")
         ax.grid(True, alpha=0.3)
-    # Equal aspect only where it does not leave most of the panel empty.
-    span = np.ptp(np.concatenate([np.asarray(r.solution.xs)[:, [i, j]] for r in runs]), axis=0)
-    if span.min() > 0.25 * span.max():
+    # Equal aspect only where the path's shape is close to the panel's: otherwise most of
+    # the panel would be empty.
+    finite = np.concatenate([xy[np.all(np.isfinite(xy), axis=1)] for xy in paths.values()])
+    span = np.ptp(finite, axis=0)
+    if span.min() > 0.6 * span.max():
         full.set_aspect("equal", adjustable="datalim")
     full.set_title(f"path in the (x, y) plane, t ≤ {setup.t_final:g}", fontsize="medium")
-    centre = ends.mean(axis=0)
-    half = max(1.5 * np.abs(ends - centre).max(), 1e-6 * (1.0 + np.abs(centre).max()))
+    centre, half, outside = _zoom_window(ends, ref_name.split(" (")[0] if ref is not None else None)
     zoom.set_xlim(centre[0] - half, centre[0] + half)
     zoom.set_ylim(centre[1] - half, centre[1] + half)
     zoom.set_aspect("equal", adjustable="box")
-    from matplotlib.ticker import MaxNLocator
-
     for axis in (zoom.xaxis, zoom.yaxis):
         axis.set_major_locator(MaxNLocator(4))
-    zoom.set_title(f"zoom on the end points (t = {setup.t_final:g}, dots)", fontsize="medium")
-    full.legend(fontsize="x-small", loc="best")
+    zoom.ticklabel_format(useOffset=False)
+    # end points within 1/150 of the window (about 2 px) are one dot to the eye
+    same = _clusters([n for n in ends if n in paths], lambda a, b: np.hypot(*(ends[a] - ends[b])) < half / 75)
+    title = f"zoom on the end points (t = {setup.t_final:g}, markers)"
+    if same:
+        title += "\nsame end point: " + "; ".join(" = ".join(c) for c in same)
+    if outside:
+        title += "\nend off this window: " + "; ".join(f"{n} ({d:.2g} away)" for n, d in outside.items())
+    size = 10.0 if not (same or outside) else 8.5
+    zoom.set_title(wrap_title(title, fig.get_figwidth() * zoom.get_position().width, size), fontsize=size)
+    handles, labels = full.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(len(labels)), fontsize="small")
     fig.suptitle(f"{_short(setup)}, h = {setup.dt:g}", fontsize="medium")
-    path = pathlib.Path(path)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 _DISPLAY = {"p_phi": r"p_\phi", "p_theta": r"p_\theta", "embedding": "D", "L_z": "L_z"}
@@ -444,7 +547,7 @@ def run_system(setup: Setup, out_dir: pathlib.Path, progress: bool) -> dict:
     methods = _methods(model, setup)
     runs = [run_method(m, setup, progress) for m in methods]
     ts = np.asarray(runs[0].solution.ts)
-    styles = method_styles(methods)
+    styles = _with_markers(method_styles(methods))
     ref, ref_name = _reference(model, setup, ts)
     errors, exact = {}, {}
     for r in runs:
