@@ -284,7 +284,7 @@ class FeedbackField(AbstractFeedbackField):
 
 
 # One compiled call, cached per system: evaluated op by op, F(x0) dispatched dozens of
-# small compilations in a fresh process (0.47 s of 2.0 s to the first result; 0.16 s so).
+# small compilations in a fresh process, a large share of the time to the first result.
 _conserved_quantities = eqx.filter_jit(lambda system, x: system.conserved_quantities(x))
 
 

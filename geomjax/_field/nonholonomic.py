@@ -7,7 +7,7 @@ configuration piece and a momentum piece m (T*Rⁿ: (q, p); left-trivialised bun
     ω(q)·v = 0,    v = ∂H/∂m (the velocity; on T*Rⁿ, q̇),
 
 ω a (k, d) array of one-forms, not necessarily orthonormal. Everything else is derived by
-autodiff (seed 001 §2, Remark 2.4, as reconstructed in DESIGN.md):
+autodiff (seed 001 §2, Remark 2.4; reconstructed, checked in tests/test_nonholonomic.py):
 
     J = ω ∂H/∂m                          constraint momenta, the constraint set is J = 0
     C_ab = ⟨∂J_a/∂m, ω_b⟩                 (= ω M⁻¹ ωᵀ for H = ½ mᵀM⁻¹m + U)
@@ -94,9 +94,10 @@ def _extended_field(system, z, weights=None, embedding_gain=None):
       recomputed from it), so derivatives of the field stay exact; no derivative of
       the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
       H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
-      `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
+      `integrate` of the feedback field several times faster: the
       extra divisions each became a separate XLA kernel. (Scalar-by-scalar
-      derivation before: 53 ops / 4 divisions, 5.1 ms.)
+      derivation before: 53 ops / 4 divisions, as fast; see
+      `benchmarks/nonholonomic_vs_hand.py`.)
     - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
       expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
       primal and more cancels (with constant parameters, field/feedback 25/56 ops
