@@ -27,6 +27,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 from jax import lax
 
 from .._field.base import AbstractField, TimeField, as_field
@@ -363,13 +364,13 @@ def _as_count(value, name: str) -> int:
 
 def integrate(
     field_or_step: Callable,
-    x0,
+    x0: Float[ArrayLike, " n"],
     *,
-    dt,
+    dt: Float[ArrayLike, ""],
     steps: int,
     method="euler",
     save_every: int = 1,
-    t0=0.0,
+    t0: Float[ArrayLike, ""] = 0.0,
     args=None,
     rtol: float | None = None,
     atol: float | None = None,

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 from .derived import constraint_data, dirac_vector, stacked_combination
 from .dirac import check_constraint_matrix, start_values
@@ -314,8 +315,8 @@ def resolve_target(system, x0, target, target_at, value_at_x0=None):
 
 def feedback_field(
     system: System,
-    x0=None,
-    gains=None,
+    x0: Float[ArrayLike, " n"] | None = None,
+    gains: Float[ArrayLike, "*k"] | None = None,
     metric: Callable | jax.Array | float | None = None,
     *,
     target=None,

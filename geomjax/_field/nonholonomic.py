@@ -38,6 +38,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float
 
 from .feedback import AbstractFeedbackField, _check_metric, embedding_potential, has_embedding, resolve_target, split_gains
 from .._monitored import START_TOL, check_on_constraint_set
@@ -232,7 +233,7 @@ def nonholonomic_field(system: System) -> NonholonomicField:
     return NonholonomicField(system)
 
 
-def nonholonomic_quantities(system: System, x):
+def nonholonomic_quantities(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, " q"]:
     """F(x) = (J(x), H_ext(x), I(x)) for a nonholonomic system (constraint momenta first).
 
     Example:
@@ -250,7 +251,7 @@ def nonholonomic_quantities(system: System, x):
     return _quantities(system, _split(system, x))
 
 
-def embedding_defect(system: System, x):
+def embedding_defect(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     """‖D(x)‖ (Frobenius norm of the embedding defect: RᵀR − I or cos² + sin² − 1).
 
     Zero when the structure has no embedding. Use it to monitor how far a trajectory on an
@@ -267,7 +268,7 @@ def embedding_defect(system: System, x):
     return jnp.sqrt(jnp.sum(d * d))
 
 
-def project_nonholonomic(system: System, x):
+def project_nonholonomic(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
     """Move the momentum onto the constraint set: m ← m − ωᵀC⁻¹J (configuration kept).
 
     For a Hamiltonian quadratic in the momenta this gives J = 0 exactly; it is the
