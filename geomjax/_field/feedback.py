@@ -320,7 +320,7 @@ def feedback_field(
     metric: Callable | jax.Array | float | None = None,
     *,
     target=None,
-) -> FeedbackField:
+) -> AbstractFeedbackField:
     """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
 
     With F = (f, H, I) (constraint functions, Hamiltonian, extra integrals, in that order),

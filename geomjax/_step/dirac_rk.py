@@ -121,7 +121,7 @@ def _weighted(h, coeffs, vectors):
     return None if acc is None else h * acc
 
 
-def _end_weights(c) -> tuple:
+def _end_weights(c) -> tuple | None:
     """Weights wᵢ with Σ wᵢ Λᵢ the Lagrange interpolant through (cᵢ, Λᵢ) at 1."""
     c = np.asarray(c, float)
     s = c.shape[0]
