@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from .._field.base import AbstractField, SystemField, as_field, tree_axpy
 from .base import FieldStep, ok_status
@@ -54,17 +53,8 @@ def _weighted(z, h, weights, ks):
 WRITTEN_OUT_MAX_OPERATIONS = 200
 
 
-def _sub_jaxprs(params):
-    # `jax.extend.core.jaxprs_in_params` does this from JAX 0.10 on; written out, geomjax
-    # supports older JAX (see `.ci/min-versions.txt`).
-    for value in params.values():
-        for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, (Jaxpr, ClosedJaxpr)):
-                yield v.jaxpr if isinstance(v, ClosedJaxpr) else v
-
-
 def _operation_count(jaxpr) -> int:
-    return sum(1 + sum(_operation_count(sub) for sub in _sub_jaxprs(e.params)) for e in jaxpr.eqns)
+    return sum(1 + sum(_operation_count(sub) for sub in jax.extend.core.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
 
 
 class ExplicitRungeKutta(FieldStep):
