@@ -6,13 +6,12 @@
 
 - Small loops as one kernel on the CPU: XLA's CPU runtime compiles a `while` loop into a
   single function when the bytes its body touches stay under a threshold (1 KiB by
-  default), and otherwise launches every fused kernel of the body separately, at some
-  tens of nanoseconds each, on every iteration. The loops of one trajectory of a small
+  default), and otherwise launches every fused kernel of the body separately, each
+  with its own overhead, on every iteration. The loops of one trajectory of a small
   mechanical system sit just around 1 KiB: a field with a few more parameters, a loop
   that saves every step, or the backward loop of reverse mode crosses it, and then runs
-  10–25× slower (measured on the spherical pendulum's feedback field, explicit Euler:
-  reverse mode 48× → 4.6× the forward run; a run saving every step 6.2 → 0.55 ms per
-  10⁴ steps; `benchmarks/gradients.py`). geomjax raises the threshold to
+  many times slower (`benchmarks/gradients.py`: the spherical pendulum's feedback
+  field, reverse mode and a run saving every step). geomjax raises the threshold to
   `SMALL_LOOP_BYTES` by adding ``xla_cpu_small_while_loop_byte_threshold`` to the
   ``XLA_FLAGS`` environment variable, which XLA reads when its CPU backend starts: so
   it takes effect only if geomjax is imported before JAX first computes anything. A

@@ -74,7 +74,7 @@ class AbstractMonitored(eqx.Module):
         """`(invariants(x), constraint_residuals(x))`, as the driver checks them at every
         save: evaluated through their simplified scalar graph (`geomjax.internal.simplify`),
         which turns their small dot products into scalar arithmetic (under `vmap` a batched
-        `dot` of 3-vectors costs 10× its arithmetic on the CPU)."""
+        `dot` of 3-vectors costs many times its arithmetic on the CPU)."""
         return scalar_graph(lambda y: (self.invariants(y), self.constraint_residuals(y)), x, warn=False)
 
 

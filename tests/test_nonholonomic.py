@@ -1,4 +1,4 @@
-"""The nonholonomic extension (seed 001 §2, DESIGN.md "Nonholonomic extension"), its feedback
+"""The nonholonomic extension (seed 001 §2, geomjax/_field/nonholonomic.py), its feedback
 field, the left-trivialised bundles and the discrete Lagrange–d'Alembert step.
 
 Checked at random states of every seed-001 system:

@@ -1,6 +1,6 @@
 """Seed 001's seven nonholonomic systems integrated with feedback integrators.
 
-Exact solutions (REFERENCES.md): the knife edge's cycloid, the Chaplygin sleigh's tanh/sech
+Exact solutions (the models' `exact`): the knife edge's cycloid, the Chaplygin sleigh's tanh/sech
 law, the vertical disk's circle, the Heisenberg system's straight line and the Suslov
 body's uniform spin (ξ an eigenvector of I) — errors against them fall at the order of
 the integrator (explicit Euler 1, RK4 4) applied to the feedback field. For the systems

@@ -11,7 +11,7 @@ The two layouts of the pieces (q, p, ...) inside the loop:
 - **component-major** (`axis=-1`): (3,) becomes (3, B). Each scalar of a state is a
   contiguous vector over the members, so the scalar operations of a derived field (the
   simplified expression graph of `geomjax.internal.simplify`) become vector operations on
-  contiguous rows: the layout GPUs need (12–20× on an H100, see `DESIGN.md`).
+  contiguous rows: the layout GPUs need (`benchmarks/sweep_throughput.py`).
 
 At the driver's boundary a flat batch of states is always (n, B) (entries, members), so the
 monitor's reductions over axis 0 give one value per member; the pieces are laid out as

@@ -28,13 +28,13 @@ from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.
 DEFAULT_CHUNK = 1 << 20
-# Layout and steps per loop iteration per backend. On an H100 (float64), component-major
-# with 8 steps per iteration ran the spherical-pendulum feedback Euler 12–20× faster than
-# batch-major with one (the project's design notes, shared/DESIGN.md); on the CPU (2 cores)
-# batch-major with one step per iteration is fastest (benchmarks/sweep_throughput.py).
+# Layout and steps per loop iteration per backend, the fastest that
+# benchmarks/sweep_throughput.py measured (spherical-pendulum feedback Euler; README,
+# "Sweeps on a GPU"): on a GPU component-major with 8 steps per iteration, many times
+# faster there than batch-major with one; on the CPU batch-major with one step.
 _AUTO = {"cpu": ("batch", 1), "gpu": ("component", 8)}
-# Below this many members a GPU is slower than the CPU (about 7 µs per step on a GPU
-# whatever the batch, 20–25 ns per trajectory-step on one CPU core).
+# Below this many members a GPU is slower than the CPU: a GPU step costs a kernel launch
+# whatever the batch (benchmarks/sweep_throughput.py; README).
 _GPU_MIN_MEMBERS = 4096
 _AXIS = {"batch": 0, "component": -1}
 

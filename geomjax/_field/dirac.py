@@ -2,6 +2,7 @@
 
 import equinox as eqx
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 
 from .derived import constraint_data, dirac_vector
 from .base import SystemField
@@ -89,7 +90,7 @@ def dirac_field(system: System) -> DiracField:
     return DiracField(system)
 
 
-def constraint_matrix(system: System, x):
+def constraint_matrix(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, "c c"]:
     """C_ij = {f_i, f_j}(x), the matrix the Dirac formula inverts (shape `(2k, 2k)`).
 
     Example: for the spherical pendulum with f = (|q|², q·p), C = [[0, 2|q|²], [−2|q|², 0]].

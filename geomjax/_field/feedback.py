@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 from .derived import constraint_data, dirac_vector, stacked_combination
 from .dirac import check_constraint_matrix, start_values
@@ -284,7 +285,7 @@ class FeedbackField(AbstractFeedbackField):
 
 
 # One compiled call, cached per system: evaluated op by op, F(x0) dispatched dozens of
-# small compilations in a fresh process (0.47 s of 2.0 s to the first result; 0.16 s so).
+# small compilations in a fresh process, a large share of the time to the first result.
 _conserved_quantities = eqx.filter_jit(lambda system, x: system.conserved_quantities(x))
 
 
@@ -314,12 +315,12 @@ def resolve_target(system, x0, target, target_at, value_at_x0=None):
 
 def feedback_field(
     system: System,
-    x0=None,
-    gains=None,
+    x0: Float[ArrayLike, " n"] | None = None,
+    gains: Float[ArrayLike, "*k"] | None = None,
     metric: Callable | jax.Array | float | None = None,
     *,
     target=None,
-) -> FeedbackField:
+) -> AbstractFeedbackField:
     """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
 
     With F = (f, H, I) (constraint functions, Hamiltonian, extra integrals, in that order),

@@ -7,7 +7,7 @@ configuration piece and a momentum piece m (T*Rⁿ: (q, p); left-trivialised bun
     ω(q)·v = 0,    v = ∂H/∂m (the velocity; on T*Rⁿ, q̇),
 
 ω a (k, d) array of one-forms, not necessarily orthonormal. Everything else is derived by
-autodiff (seed 001 §2, Remark 2.4, as reconstructed in DESIGN.md):
+autodiff (seed 001 §2, Remark 2.4; reconstructed, checked in tests/test_nonholonomic.py):
 
     J = ω ∂H/∂m                          constraint momenta, the constraint set is J = 0
     C_ab = ⟨∂J_a/∂m, ω_b⟩                 (= ω M⁻¹ ωᵀ for H = ½ mᵀM⁻¹m + U)
@@ -38,6 +38,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float
 
 from .feedback import AbstractFeedbackField, _check_metric, embedding_potential, has_embedding, resolve_target, split_gains
 from .._monitored import START_TOL, check_on_constraint_set
@@ -94,9 +95,10 @@ def _extended_field(system, z, weights=None, embedding_gain=None):
       recomputed from it), so derivatives of the field stay exact; no derivative of
       the solve. Field 64 ops / 5 divisions against 77 / 10 differentiating
       H − ½JᵀC⁻¹J through the solve (feedback 113 against 124), and the Euler
-      `integrate` of the feedback field (1e5 steps) 5.3 ms against 29–40 ms: the
+      `integrate` of the feedback field several times faster: the
       extra divisions each became a separate XLA kernel. (Scalar-by-scalar
-      derivation before: 53 ops / 4 divisions, 5.1 ms.)
+      derivation before: 53 ops / 4 divisions, as fast; see
+      `benchmarks/nonholonomic_vs_hand.py`.)
     - DF by forward mode (`jacfwd`, a vmapped jvp over unit tangents) when the pass
       expands the field (at most `MAX_INPUTS` state entries): the tangents follow the
       primal and more cancels (with constant parameters, field/feedback 25/56 ops
@@ -231,7 +233,7 @@ def nonholonomic_field(system: System) -> NonholonomicField:
     return NonholonomicField(system)
 
 
-def nonholonomic_quantities(system: System, x):
+def nonholonomic_quantities(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, " q"]:
     """F(x) = (J(x), H_ext(x), I(x)) for a nonholonomic system (constraint momenta first).
 
     Example:
@@ -249,7 +251,7 @@ def nonholonomic_quantities(system: System, x):
     return _quantities(system, _split(system, x))
 
 
-def embedding_defect(system: System, x):
+def embedding_defect(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     """‖D(x)‖ (Frobenius norm of the embedding defect: RᵀR − I or cos² + sin² − 1).
 
     Zero when the structure has no embedding. Use it to monitor how far a trajectory on an
@@ -266,7 +268,7 @@ def embedding_defect(system: System, x):
     return jnp.sqrt(jnp.sum(d * d))
 
 
-def project_nonholonomic(system: System, x):
+def project_nonholonomic(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
     """Move the momentum onto the constraint set: m ← m − ωᵀC⁻¹J (configuration kept).
 
     For a Hamiltonian quadratic in the momenta this gives J = 0 exactly; it is the

@@ -215,8 +215,8 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
             if settings.then_loop:
                 # Runs zero times when the check passed. (With XLA's CPU runtime compiling
                 # small loops into one function, see `geomjax._config`, a loop that does
-                # not run costs a few nanoseconds; without that, 44 → 190 ns per RATTLE
-                # step, benchmarks/rattle.py.)
+                # not run costs next to nothing; without that, it slowed a RATTLE step
+                # several times, benchmarks/rattle.py.)
                 y, k, ok = loop(y, k, ok)
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)

@@ -180,7 +180,7 @@ class DiracStep(AbstractStep):
         carry = ((q, p), jnp.asarray(True))
         for _ in range(self.history):
             # in a loop: written out, 16 linear solves made Dirac-2 on a Ziegler column
-            # take 11 s to compile
+            # slow to compile
             carry = lax.fori_loop(0, self.starter_substeps, substep, carry)
             past.insert(0, carry[0][0])
         # A starter whose Newton solve failed gives no history to trust: NaN past positions

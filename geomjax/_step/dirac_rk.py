@@ -121,7 +121,7 @@ def _weighted(h, coeffs, vectors):
     return None if acc is None else h * acc
 
 
-def _end_weights(c) -> tuple:
+def _end_weights(c) -> tuple | None:
     """Weights wᵢ with Σ wᵢ Λᵢ the Lagrange interpolant through (cᵢ, Λᵢ) at 1."""
     c = np.asarray(c, float)
     s = c.shape[0]
@@ -254,7 +254,7 @@ class DiracRungeKutta(AbstractStep):
             # Gauss–Jordan up to 8 unknowns, else one LAPACK call), then every iteration is
             # a residual and a matrix–vector product that fuse (planar pendulum, Gauss s = 2,
             # 6 unknowns: no custom call in the loop; with LAPACK's inverse the step took
-            # about 3× longer). Exact derivatives of the root still follow the implicit
+            # longer). Exact derivatives of the root still follow the implicit
             # function theorem.
             flat, unravel = ravel_pytree(guess)
             jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)

@@ -139,9 +139,8 @@ class ImplicitRungeKutta(FieldStep):
         matrix = jnp.eye(len(implicit) * n, dtype=flat_z.dtype) - h * jnp.kron(a_imp, jac)
         # Explicit stages do not move with the unknowns, so the matrix above is exact in
         # their place; the leaves of each increment are flattened in `guess` order.
-        # The default keeps the loop: a fixed count does not pay here (benchmarks/
-        # implicit_rk.py, gauss4 on the spherical pendulum, h = 0.05: loop 8.07 µs/step,
-        # 6 written-out iterations 7.98 µs/step, hand-written 6.28 µs/step).
+        # The default keeps the loop: a fixed count of written-out iterations runs no
+        # faster here (benchmarks/implicit_rk.py, gauss4 on the spherical pendulum).
         res = self.newton.solve(residual, guess, jacobian=matrix)
         z1 = _add(z, _weighted(h, tab.b, stage_slopes(res.value)))
         return z1, newton_status(res.converged)

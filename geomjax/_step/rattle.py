@@ -139,10 +139,10 @@ class Rattle(SystemStep):
         del t, args
         # Through the simplified scalar graph, as derived fields are (`geomjax.internal.
         # simplify`; the Newton fallback loop is kept whole inside it), for up to
-        # `_SIMPLIFIED_CONSTRAINTS` constraints. Measured (benchmarks/rattle.py,
-        # chain_scaling.py): spherical pendulum (k = 1) 50.3 → 44.0 ns/step; chain of 2
-        # links (k = 2) 139 → 84 ns; chain of 4 (k = 4, 4 × 4 solves written out) 2370 →
-        # 2620 ns and 0.45 s more to compile, so larger systems run as derived.
+        # `_SIMPLIFIED_CONSTRAINTS` constraints: the spherical pendulum (k = 1) and the
+        # chain of 2 links (k = 2) run faster so, the chain of 4 (k = 4, 4 × 4 solves
+        # written out) slower and compiles longer (benchmarks/rattle.py,
+        # chain_scaling.py), so larger systems run as derived.
         k = jax.eval_shape(lambda q: self._mech.g(q), z[0]).shape[0]
         if k <= _SIMPLIFIED_CONSTRAINTS:
             return scalar_graph(self._advance, z, h)

@@ -46,11 +46,10 @@ def _weighted(z, h, weights, ks):
 
 
 #: Derived fields of at most this many operations (as simplified) have their stages
-#: written out; larger ones run the stages in a loop over one field evaluation. Measured
-#: RK4, feedback fields (h = 1e-3): the spherical pendulum (about 90 operations) 69 ns/step
-#: written out against 113 looped (vmap over 256: 99 against 258 ms); a chain of 2 links
-#: (307 operations) 870–1280 ns written out against 282–296 looped, and 1.9 s to compile
-#: against 0.5 s.
+#: written out; larger ones run the stages in a loop over one field evaluation. With RK4
+#: on feedback fields, the spherical pendulum (about 90 operations) runs faster written
+#: out, a chain of 2 links (307 operations) runs and compiles faster looped
+#: (`benchmarks/chain_scaling.py`, `benchmarks/derived_vs_hand.py`).
 WRITTEN_OUT_MAX_OPERATIONS = 200
 
 
@@ -67,7 +66,7 @@ class ExplicitRungeKutta(FieldStep):
     is small (`WRITTEN_OUT_MAX_OPERATIONS`), and looped otherwise. For plain
     callables the stages run in a `lax.fori_loop` whose body holds one field evaluation:
     written out as array code, XLA's CPU backend compiled RK4 into a body with several
-    times the kernels (measured 3.9× slower). Fields are autonomous: x ↦ ẋ.
+    times the kernels, and ran slower. Fields are autonomous: x ↦ ẋ.
     """
 
     field: AbstractField
@@ -82,8 +81,8 @@ class ExplicitRungeKutta(FieldStep):
         if isinstance(self.field, SystemField):
             # One trace of the field for all stages: a jitted closure is traced once per
             # state shape, also inside another trace (the chain of 8 links, feedback RK4:
-            # lowering the run 3.2 → 0.9 s); XLA inlines the calls. Concrete arrays of the
-            # field stay constants of the trace, as without the jit.
+            # lowering the run takes a fraction of the time); XLA inlines the calls.
+            # Concrete arrays of the field stay constants of the trace, as without the jit.
             field = jax.jit(field)
             if _operation_count(jax.make_jaxpr(field)(t, z).jaxpr) <= WRITTEN_OUT_MAX_OPERATIONS:
                 return self._written_out(t, z, h, field), ok_status()

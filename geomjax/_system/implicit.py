@@ -181,7 +181,7 @@ class ImplicitLagrangian(eqx.Module):
 @eqx.filter_jit
 def _start_matrices(system: ImplicitLagrangian, q, p):
     """W = ∂²L/∂v² at (q, v(q, p)) and α W⁻¹ αᵀ, in one compiled call (evaluated op by op,
-    the checks of a Ziegler column took 3.5 s, most of it compiling single operations)."""
+    the checks of a Ziegler column spent most of their time compiling single operations)."""
     v = system.velocity(q, p)
     w = velocity_hessian(system.lagrangian, q, v)
     if not system.constrained:

@@ -51,8 +51,8 @@ class AbstractPoissonStructure(eqx.Module):
         reverse-mode autodiff creates no `pad`s. Derived fields do not need it (the
         simplification pass sees through the concatenate), but steps that differentiate H
         inside a Newton iteration do: RATTLE on the spherical pendulum
-        (`benchmarks/rattle.py`, 2-core CPU) ran at 130 ns/step without it and 55 ns/step
-        with it (hand-written Newton RATTLE 56 ns/step).
+        (`benchmarks/rattle.py`) runs much faster with it, as fast as a Newton RATTLE
+        written by hand.
         """
         return fn(self.merge(z))
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, ArrayLike, Float
 
 from .._field.adaptive_gain import scale_gains
 from .._field.base import FunctionField
@@ -97,7 +98,7 @@ def _metric_value(field, x):
     return metric(x) if callable(metric) else metric
 
 
-def feedback_rate(field, x):
+def feedback_rate(field, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     """λ_max(L∇²V)(x), the stiffest rate of the feedback term −L∇V at the flat state `x`.
 
     On the invariant set (F = F₀) the Hessian is DFᵀKDF (+ the embedded groups' k₀ term),
@@ -204,7 +205,9 @@ def _target_rate(order: int, dt: float, bound: float, dynamics: float) -> float:
     return min(0.1 * dynamics, 0.5 * bound / dt)
 
 
-def check_gains(field, x0, dt, method: str = "euler", *, warn: bool = True) -> GainCheck:
+def check_gains(
+    field, x0: Float[ArrayLike, "*batch n"], dt: float, method: str = "euler", *, warn: bool = True
+) -> GainCheck:
     """Where the gains of a feedback field stand for a step `dt` and a method.
 
     With λ = λ_max(L∇²V) at the initial states (`feedback_rate`), β the method's stability
@@ -257,7 +260,9 @@ def check_gains(field, x0, dt, method: str = "euler", *, warn: bool = True) -> G
     return GainCheck(lam, omega, bound, fraction, scale, tuple(messages))
 
 
-def recommended_gains(field, x0, dt, method: str = "euler"):
+def recommended_gains(
+    field, x0: Float[ArrayLike, "*batch n"], dt: float, method: str = "euler"
+) -> Float[np.ndarray, "*k"]:
     """The field's gains scaled by the rule of thumb of `check_gains`: h·λ_max(L∇²V) = 1
     for first-order methods, λ_max = ‖DX‖/10 (within half the stability interval) for
     higher orders. The relative weights of the gains are kept (λ_max is linear in K).

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 import optax
 from jax.flatten_util import ravel_pytree
 
@@ -252,7 +253,7 @@ _rate_at = eqx.filter_jit(lambda field, theta, states, kind, metric: _rate_of(_w
 
 def feedback_objective(
     field: AbstractFeedbackField,
-    x0s,
+    x0s: Float[ArrayLike, "batch n"],
     *,
     dt: float,
     steps: int,
@@ -382,13 +383,13 @@ def _as_states(x0s, dim, what):
 
 def tune_gains(
     field: AbstractFeedbackField,
-    x0s,
+    x0s: Float[ArrayLike, "batch n"],
     *,
     dt: float,
     steps: int,
     method: str = "euler",
     objective: str | Callable = "invariants",
-    held_out=None,
+    held_out: Float[ArrayLike, "held n"] | None = None,
     gains: str | None = None,
     tune_metric: bool | str = False,
     optimizer: optax.GradientTransformation | None = None,

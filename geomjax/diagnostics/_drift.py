@@ -1,8 +1,10 @@
 """Secular drift of an error series: the slope of its per-window maxima."""
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 
 class DriftFit(NamedTuple):
@@ -21,7 +23,9 @@ class DriftFit(NamedTuple):
     maxima: np.ndarray
 
 
-def drift_slope(ts, errors, windows: int = 10) -> DriftFit:
+def drift_slope(
+    ts: Float[ArrayLike, " N"] | Sequence[float], errors: Float[ArrayLike, " N"] | Sequence[float], windows: int = 10
+) -> DriftFit:
     """Detect secular drift: fit a line to the maxima of |error| over `windows` equal windows.
 
     A symplectic method's energy error oscillates with a bounded amplitude, so its window

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 
 from .._system.system import HolonomicSystem, System
 
@@ -13,7 +14,9 @@ def _states(xs):
     return xs
 
 
-def invariant_errors(system: System, xs, reference=None):
+def invariant_errors(
+    system: System, xs: Float[ArrayLike, "steps dim"], reference: Float[ArrayLike, " dim"] | None = None
+) -> Float[Array, "steps q"]:
     """|F(x_t) − F(x_ref)| along a trajectory, for F = (f, H, I) (constraints, energy, integrals).
 
     The columns follow `system.conserved_quantities`: the constraint functions (for
@@ -49,7 +52,7 @@ def invariant_errors(system: System, xs, reference=None):
     return jnp.abs(values - start[None, :])
 
 
-def constraint_errors(system: System, xs):
+def constraint_errors(system: System, xs: Float[ArrayLike, "steps dim"]) -> Float[Array, "steps c"]:
     """Constraint violations along a trajectory, shape `(n, 2k)`.
 
     For `holonomic=g` these are |g(q_t)| and |G(q_t)∂H/∂p| (S is where both vanish); for a
@@ -73,7 +76,9 @@ def constraint_errors(system: System, xs):
     return jnp.abs(values - values[0][None, :])
 
 
-def energy_errors(system: System, xs, reference=None):
+def energy_errors(
+    system: System, xs: Float[ArrayLike, "steps dim"], reference: Float[ArrayLike, " dim"] | None = None
+) -> Float[Array, " steps"]:
     """|H(x_t) − H(x_ref)| along a trajectory (`reference` defaults to `xs[0]`), shape `(n,)`.
 
     Example:

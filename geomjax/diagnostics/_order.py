@@ -1,9 +1,11 @@
 """Measured order of convergence: a least-squares log–log slope without the round-off plateau."""
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 
 class OrderFit(NamedTuple):
@@ -29,8 +31,8 @@ def _slope(log_h, log_e):
 
 
 def convergence_order(
-    hs,
-    errors,
+    hs: Float[ArrayLike, " N"] | Sequence[float],
+    errors: Float[ArrayLike, " N"] | Sequence[float],
     *,
     floor: float = 1e-13,
     ceiling: float = math.inf,

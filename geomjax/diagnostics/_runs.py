@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float
 from jax import lax
 
 from .._status import RESULTS, where_first
@@ -23,7 +24,7 @@ def _iterate(step: AbstractStep, x0, h, n):
     return step.merge(z), status
 
 
-def final_state(step, x0, h, n):
+def final_state(step, x0: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""], n: int):
     """Apply a step `n` times with step size `h`: returns `(x_n, status)`.
 
     The number of steps is a traced argument, so every (h, n) reuses one compilation per
@@ -58,7 +59,9 @@ def final_state(step, x0, h, n):
     return _iterate(step, x0, jnp.asarray(h, x0.dtype), jnp.asarray(n, jnp.int32))
 
 
-def global_errors(step, x0, t_final: float, num_steps, reference) -> np.ndarray:
+def global_errors(
+    step, x0: Float[ArrayLike, " dim"], t_final: float, num_steps, reference: Float[ArrayLike, " dim"]
+) -> Float[np.ndarray, " N"]:
     """Global errors ‖x_N − x(T)‖_∞ at T = `t_final` for several step counts N (h = T/N).
 
     **Arguments:**
@@ -103,7 +106,7 @@ def _jacobian(step, x, h):
     return jax.jacfwd(lambda y: step(y, h))(x)
 
 
-def step_jacobian(step, x, h):
+def step_jacobian(step, x: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""]) -> Float[Array, "dim dim"]:
     """DΦ_h(x), the Jacobian of the flat step map x ↦ step(x, h), by `jax.jacfwd` (compiled).
 
     Example:

@@ -19,6 +19,7 @@ in x.
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 
 from .._step.base import AbstractStep, FunctionStep
 from .._system.structures import CanonicalStructure
@@ -32,7 +33,7 @@ def _canonical_form(dim: int, dtype):
     return jnp.block([[zero, eye], [-eye, zero]])
 
 
-def tangent_projector(system: System, x):
+def tangent_projector(system: System, x: Float[ArrayLike, " dim"]) -> Float[Array, "dim dim"]:
     """P = I − B Dfᵀ C⁻¹ Df: the projector onto T_xS along the symplectic complement T_xS^ω.
 
     S is the level set through x of the system's constraint functions f (for
@@ -69,7 +70,9 @@ def tangent_projector(system: System, x):
     return eye - xf @ jnp.linalg.solve(c, df)
 
 
-def symplecticity_defect(step, x, h, system: System | None = None):
+def symplecticity_defect(
+    step, x: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""], system: System | None = None
+) -> Float[Array, ""]:
     """‖DΦ_hᵀ Ω DΦ_h − Ω‖_max of a step map at x, restricted to T_xS for constrained systems.
 
     DΦ_h is the Jacobian of x ↦ step(x, h) by `jax.jacfwd` (through Newton solves it is the
@@ -122,7 +125,7 @@ def symplecticity_defect(step, x, h, system: System | None = None):
     return jnp.max(jnp.abs(defect))
 
 
-def poisson_defect(step, x, h, structure):
+def poisson_defect(step, x: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""], structure) -> Float[Array, ""]:
     """‖DΦ_h B(x) DΦ_hᵀ − B(Φ_h(x))‖_max: how far a step is from a Poisson map of `structure`.
 
     For the canonical structure this vanishes exactly when the step is symplectic; for

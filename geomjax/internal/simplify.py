@@ -79,16 +79,13 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 # Functions of more input scalars than this, whose expansion grows past MAX_NODES nodes,
 # or whose simplified graph still needs more than MAX_OPERATIONS scalar operations are
 # evaluated unchanged. benchmarks/simplify_threshold.py (planar N-link chain, Dirac field,
-# explicit Euler, 2 shared CPU cores) measured, simplified against unchanged:
-#   N=1..4 (27, 256, 623, 1235 operations): 0.4-0.8x the time per step, compile time
-#     below or equal (0.3-4.4 s against 0.4-10 s);
-#   N=5, solve unrolled (2165 operations): 0.35x per step, compile 8 s against 2.6 s;
-#   N=6, solve unrolled (3490 operations): 0.67x per step, compile 25 s against 2.7 s.
-# The run-time gain holds past 3000 operations, but compile time grows faster than the
-# graph: 2000 operations keeps it within ~3x the unsimplified field's. The graph's size,
-# not its inputs, is what binds (a 32-dimensional derived field with constraints is
-# past 2000 operations); MAX_INPUTS only spares tracing what would be cut anyway, and
-# MAX_NODES (the expansion before dead nodes are dropped) bounds the expansion time.
+# explicit Euler) measures simplified against unchanged: up to N = 4 (1235 operations)
+# the simplified field runs faster and compiles no slower; the run-time gain holds past
+# 3000 operations (N = 6, solve unrolled), but compile time grows faster than the
+# graph: 2000 operations keeps it within a small factor of the unsimplified field's.
+# The graph's size, not its inputs, is what binds (a 32-dimensional derived field with
+# constraints is past 2000 operations); MAX_INPUTS only spares tracing what would be cut
+# anyway, and MAX_NODES (the expansion before dead nodes are dropped) bounds the expansion time.
 MAX_INPUTS = 64
 MAX_NODES = 20_000
 MAX_OPERATIONS = 2_000
@@ -350,7 +347,7 @@ class _Graph:
     def sort_factors(self, factors):
         """Factors in canonical order: those of parameters only (not varying with the
         state) first, so that their product is one loop-invariant node XLA hoists out of
-        an integrator's loop (sorted by id alone, a field whose gains are traced ran 1.45×
+        an integrator's loop (sorted by id alone, a field whose gains are traced ran
         slower: the knife edge called from `integrate`), then by node id."""
         return tuple(sorted(factors, key=lambda f: (self.varying[f], f)))
 
@@ -907,7 +904,7 @@ def _prune(graph, guard, roots):
     reach = {r: reached([r]) & finite for r in floating}
     # A removed node that reaches an output shows there when it is non-finite. (Asking
     # that it reach every output cost the knife-edge feedback field 13 of its 89
-    # operations, 1.19× the hand-written field; so, 1.0x×.)
+    # operations and made it slower than the hand-written field; so, as fast.)
     covered = set.union(*reach.values()) if reach else set()
     # a node reaching another checked node is covered by it
     for t in sorted(finite - covered, reverse=True):
@@ -985,8 +982,8 @@ def _emit(plan: _Plan, flat_args, consts, out_avals):
         )
         out = jnp.stack([jnp.asarray(value(int(i)), dtype=aval.dtype) for i in ids.reshape(-1)])
         # One add per output array, not one per entry: under `vmap` XLA copies the check
-        # into every consumer, and per entry that cost the vmapped spherical-pendulum
-        # feedback field 1.22× the hand-written one against 1.12× so (1.04× unguarded).
+        # into every consumer, and per entry that made the vmapped spherical-pendulum
+        # feedback field slower against the hand-written one (benchmarks/derived_vs_hand.py).
         results.append((out + check.astype(aval.dtype) if guarded else out).reshape(aval.shape))
     return results
 

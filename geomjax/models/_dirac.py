@@ -10,6 +10,7 @@ states are x = (q, p), p = ∂L/∂v = m v.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 from jax.tree_util import Partial
 
 from .._system.lagrangian import LagrangianSystem
@@ -63,7 +64,7 @@ def _pendulum_constraint(params, q):
     return jnp.atleast_1d(q @ q - params["length"] ** 2)
 
 
-def pendulum_state(angle, length=1.0):
+def pendulum_state(angle: Float[ArrayLike, "*batch"], length: float = 1.0) -> Float[Array, "*batch 4"]:
     """(q, p) of the pendulum at rest at `angle` from the downward vertical: q = ℓ(sin θ, −cos θ)."""
     angle = jnp.asarray(angle, jnp.float64)
     return jnp.stack([length * jnp.sin(angle), -length * jnp.cos(angle), 0.0 * angle, 0.0 * angle], axis=-1)
@@ -103,7 +104,7 @@ def _rods(q):
     return jnp.diff(points, axis=0, prepend=jnp.zeros((1, 2), points.dtype))
 
 
-def column_angles(q):
+def column_angles(q: Float[ArrayLike, "*batch two_n"]) -> Float[Array, "*batch n"]:
     """θ_i = atan2(d_x, d_y) of each rod d_i = q_i − q_{i−1}: the angle from the *upward*
     vertical, in (−π, π]; works on a batch of states `(..., 2n)` too."""
     q = jnp.asarray(q)
@@ -136,7 +137,12 @@ def _column_constraint(params, q):
     return jnp.sum(d * d, axis=1) - params["lengths"] ** 2
 
 
-def column_state(angles, lengths, rates=None, m=None):
+def column_state(
+    angles: Float[ArrayLike, " n"],
+    lengths: float | Float[ArrayLike, " n"],
+    rates: Float[ArrayLike, " n"] | None = None,
+    m: float | Float[ArrayLike, " n"] | None = None,
+) -> Float[Array, " four_n"]:
     """(q, p) of the column with rod angles θ_i from the upward vertical (and angular rates,
     zero by default): q_i = Σ_{j≤i} ℓ_j (sin θ_j, cos θ_j), p_i = m_i q̇_i."""
     angles = jnp.asarray(angles, jnp.float64)

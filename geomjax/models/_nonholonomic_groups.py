@@ -123,7 +123,7 @@ _GL_PANELS = 64
 
 @functools.cache
 def _gauss_legendre():
-    # Computed on first use: importing numpy.polynomial costs 60 ms of `import geomjax`.
+    # Computed on first use: importing numpy.polynomial would slow `import geomjax`.
     return np.polynomial.legendre.leggauss(_GL_ORDER)
 
 
