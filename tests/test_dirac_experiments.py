@@ -11,7 +11,7 @@ import numpy as np
 
 import geomjax
 from geomjax.experiments import _dirac_methods as dm
-from geomjax.experiments import pendulum_dirac, ziegler
+from geomjax.experiments import pendulum_dirac
 
 
 def test_cartesian_pendulum_lagrangian_and_constraint(rng):
@@ -71,31 +71,6 @@ def test_ziegler_column_initial_state_is_consistent():
     # the model's default start: at rest, on the constraints
     np.testing.assert_allclose(np.asarray(model.x0[6:]), 0.0)
     np.testing.assert_allclose(np.asarray(model.x0[:6]), np.asarray(q), atol=1e-15)
-
-
-def test_pendulum_dirac_smoke(tmp_path):
-    out = pendulum_dirac.run(tmp_path, False, angles=(1.0, 1.5), steps_per_period=(64,), periods=2, orders=False,
-                             methods=("dirac1", "dirac2", "rk4"))
-    assert set(out["table1"]) == set(pendulum_dirac.TABLE_METHODS)
-    assert set(out["measured_orders"]) == set(pendulum_dirac.TABLE_METHODS)
-    assert {"setting", "summary"} <= set(out)
-    assert out["table1"]["dirac1"] > out["table1"]["dirac2"] > out["table1"]["rk4"]
-    for name in out["figures"]:
-        assert (tmp_path / name).stat().st_size > 0
-
-
-def test_ziegler_column_smoke(tmp_path):
-    # Dirac-1 only (geomjax.dirac2 takes ~10 s to compile on the column): no figure pair
-    out = ziegler.run_column(tmp_path, False, t_final=2.0, methods=("dirac1",), check_reference=False)
-    assert {"parameters", "methods", "summary"} <= set(out)
-    assert [row["method"] for row in out["summary"]] == ["dirac1", "reference"]
-    assert out["methods"]["dirac1"]["downward_crossings_per_rod"].tolist() == [0, 0]
-
-
-def test_ziegler_bifurcation_smoke(tmp_path):
-    out = ziegler.run_bifurcation(tmp_path, False, loads=(0.2, 0.5), steps=(0.1,), t_final=4.0, methods=("dirac1",))
-    assert set(out["fraction_wrong"]) == {"dirac1"}
-    assert 0.0 <= out["fraction_wrong"]["dirac1"] <= 1.0
 
 
 def test_table1_ranking_at_the_chosen_setting():

@@ -21,8 +21,30 @@ from geomjax.experiments._figure_check import figure_problems
 KNOWN: dict[str, str] = {}
 
 
+def _dirac_table_order(metrics):
+    # at the quick setting (θ₀ = 1.0, 64 steps per period) the table's constraint errors rank
+    # Dirac-1 > Dirac-2 > RK4
+    table = metrics["table1"]
+    assert table["dirac1"] > table["dirac2"] > table["rk4"], table
+
+
+def _ziegler_column_layout(metrics):
+    assert {"parameters", "methods", "summary"} <= set(metrics)
+    assert metrics["summary"][-1]["method"] == "reference"
+
+
+# What else a quick run must show, per experiment (beyond readable figures and the npz).
+EXTRA_CHECKS = {"pendulum-dirac": (_dirac_table_order,), "ziegler-column": (_ziegler_column_layout,)}
+
+# Experiments whose quick run (with these checks) is made by their own test file, which
+# asserts more of its metrics: run once, not twice.
+CHECKED_ELSEWHERE = {"gain-tuning": "tests/test_gain_tuning_experiment.py"}
+
+
 def _params():
     for name in experiments():
+        if name in CHECKED_ELSEWHERE:
+            continue
         marks = [pytest.mark.xfail(reason=KNOWN[name], strict=False)] if name in KNOWN else []
         yield pytest.param(name, marks=marks, id=name)
 
@@ -31,6 +53,8 @@ def _params():
 def test_quick_run_figures_are_readable(name, tmp_path):
     metrics = reproduce(name, tmp_path, quick=True)
     assert metrics["figure_problems"] == {}, metrics["figure_problems"]
+    for check in EXTRA_CHECKS.get(name, ()):
+        check(metrics)
     stored = json.loads((tmp_path / f"{name}.json").read_text())
     assert stored["quick"] is True and stored["arrays"] == f"{name}.npz"
     pngs = sorted(p.stem for p in tmp_path.glob("*.png"))

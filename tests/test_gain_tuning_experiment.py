@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import geomjax
-from geomjax.experiments import gain_tuning
+from geomjax.experiments import gain_tuning, reproduce
 from geomjax.experiments._common import save_json
 
 PROBLEM = "spherical_pendulum"
@@ -18,9 +18,18 @@ PROBLEM = "spherical_pendulum"
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
+    # The experiment's quick configuration (= gain_tuning.QUICK) through `reproduce`, whose
+    # figure checks stand in for this experiment's case of tests/test_experiment_figures.py.
     out = tmp_path_factory.mktemp("gain-tuning")
-    metrics = gain_tuning.run(out, False, gain_tuning.QUICK)
+    metrics = reproduce("gain-tuning", out, quick=True)
+    assert metrics["quick"] is True
     return out, metrics
+
+
+def test_its_figures_pass_the_readability_checks(quick):
+    out, metrics = quick
+    assert metrics["figure_problems"] == {}, metrics["figure_problems"]
+    assert sorted(out.glob("*.png")), "no figure written"
 
 
 def test_the_json_has_the_held_out_table_and_is_strict_json(quick):
