@@ -17,6 +17,11 @@ if os.environ.get("GEOMJAX_TEST_OPTIMIZE", "0") != "1":
 import geomjax  # noqa: F401  (enables jax_enable_x64 before anything else creates arrays)
 import jax
 
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
 # Many tests build the same programs anew (a model's field, a run with the same settings):
 # JAX's persistent compilation cache lets a program XLA compiled once be loaded instead of
 # compiled again (about 10% of the suite's time). One fresh directory per run, made by the
@@ -40,10 +45,7 @@ def pytest_unconfigure(config):
         import shutil
 
         shutil.rmtree(os.environ.pop("GEOMJAX_TEST_CACHE_DIR"), ignore_errors=True)
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, settings
+
 
 settings.register_profile(
     "geomjax",
