@@ -41,11 +41,21 @@ EXTRA_CHECKS = {"pendulum-dirac": (_dirac_table_order,), "ziegler-column": (_zie
 CHECKED_ELSEWHERE = {"gain-tuning": "tests/test_gain_tuning_experiment.py"}
 
 
+# Experiments drawn by the same figure code as another one in the default run: checked by
+# CI's extended job (pytest -m extended).
+SAME_FIGURE_CODE = {
+    "chaplygin-sleigh": "suslov", "heisenberg": "suslov", "knife-edge": "suslov", "roller-racer": "vertical-disk",
+    "rigid-body": "kepler", "perturbed-kepler": "kepler",
+}
+
+
 def _params():
     for name in experiments():
         if name in CHECKED_ELSEWHERE:
             continue
         marks = [pytest.mark.xfail(reason=KNOWN[name], strict=False)] if name in KNOWN else []
+        if name in SAME_FIGURE_CODE:
+            marks.append(pytest.mark.extended)
         yield pytest.param(name, marks=marks, id=name)
 
 

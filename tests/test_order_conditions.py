@@ -134,6 +134,7 @@ def test_seed_symplecticity_h1_condition():
     assert repr(conditions[0]) == 'OrderCondition(power=1, expression="a + b − c − d")'
 
 
+@pytest.mark.extended
 def test_seed_symplecticity_h2_condition_under_consistency():
     sample, seed_defect = _seed_family(n=1, state_scale=1.0)
 
@@ -240,6 +241,7 @@ def _dirac_defects(unpack):
     return dirac1_relations, step_velocity, legendre_velocity
 
 
+@pytest.mark.extended
 def test_dirac_rk_one_stage_conditions_give_dirac1():
     sample, unpack = _dirac_problem()
     dirac1_relations, _, _ = _dirac_defects(unpack)
@@ -285,6 +287,7 @@ def test_dirac_rk_one_stage_conditions_give_dirac1():
         assert float(jnp.max(jnp.abs(difference_series(problem)))) < 1e-12
 
 
+@pytest.mark.extended
 def test_dirac_rk_relations_at_the_end_point_do_not_give_dirac1():
     # Measured at the end point, the relations ask for a = â (h¹) and then a = â = 1: the
     # implicit method whose stage is the end point. Dirac-1 (0, 1) violates them at h¹.
@@ -372,6 +375,7 @@ def test_partitioned_family_gives_stormer_verlet():
     np.testing.assert_allclose([theta["b1"], theta["b2"], theta["c"]], [0.5, 0.5, 1.0], rtol=0, atol=TOL)
 
 
+@pytest.mark.extended
 def test_reduce_conditions_states_them_as_one_groebner_basis():
     pytest.importorskip("sympy")
     # Seed 004's general family: h¹ and h² conditions together (states at the origin).

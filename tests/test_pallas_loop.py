@@ -59,6 +59,7 @@ def test_pendulum_sweep_matches_the_scan(method, monkeypatch):
     assert np.any(np.asarray(scan.status) == 0)
 
 
+@pytest.mark.extended
 def test_knife_edge_sweep_matches_the_scan():
     build, grid, dt = KNIFE
     status = np.asarray(_compare(build, grid, dt, "euler").status)

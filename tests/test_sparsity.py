@@ -110,7 +110,7 @@ def _dense_reference(fn, *args):
         derived.block_tridiagonal_plan = original
 
 
-@pytest.mark.parametrize(("n", "holonomic"), [(4, True), (4, False), (8, True)])
+@pytest.mark.parametrize(("n", "holonomic"), [(4, True), (4, False), pytest.param(8, True, marks=pytest.mark.extended)])
 def test_sparse_path_matches_dense(n, holonomic, rng):
     model = planar_chain(n, holonomic=holonomic, mass=1.3, length=0.7, gravity=2.0)
     system = model.system

@@ -288,6 +288,7 @@ SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.extended
 def test_sharded_sweep_on_four_cpu_devices_equals_one_device():
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, timeout=600)
@@ -295,6 +296,7 @@ def test_sharded_sweep_on_four_cpu_devices_equals_one_device():
     assert "sharded ok" in out.stdout
 
 
+@pytest.mark.extended
 def test_multi_process_sweep_with_jax_distributed_equals_one_process():
     """benchmarks/multihost_sweep.py: two local processes (jax.distributed, CPU collectives
     over gloo, two devices each) give the one-process sweep's statuses and states."""
