@@ -42,7 +42,8 @@ def list_experiments() -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "-m", "geomjax", "list"], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout
-    rows = (line.split(maxsplit=1) for line in out.splitlines() if line.strip())
+    # an experiment's row starts at the margin; indented lines continue it (its options)
+    rows = (line.split(maxsplit=1) for line in out.splitlines() if line.strip() and not line[0].isspace())
     return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
 
 
