@@ -194,70 +194,42 @@ def _feedback(model, gains, pin: bool = False):
     return geomjax.feedback_field(model.system, model.x0, gains=jnp.asarray(gains), target=target)
 
 
+def _run(name, description, field, model, method, style=None, *, feedback: bool) -> Method:
+    """`method` on `field`; a run without feedback is made with drift_tol=None (its drift
+    is the point of the comparison; the table's "default check" says where default
+    monitoring would stop it)."""
+    options = {} if feedback else {"drift_tol": None}
+    return Method(
+        name, description, lambda s, p: _integrate(field, model, s, p, method, **options), style or {},
+        target=lambda s: field, monitored=feedback,
+    )
+
+
 def _methods(model, setup: Setup) -> list[Method]:
     y = _feedback(model, setup.gains, pin=setup.start_offset is not None)
     x = geomjax.nonholonomic_field(model.system)
-    # The runs without feedback are made with drift_tol=None: their drift is the point of
-    # the comparison. The table's "default check" says where default monitoring stops them.
+    dashed = {"linestyle": "--"}
     methods = [
-        Method(
-            "feedback Euler",
-            "explicit Euler on Y = X - grad V",
-            lambda s, p: _integrate(y, model, s, p, "euler"),
-            target=lambda s: y,
-        ),
-        Method(
-            "feedback RK4",
-            "classical RK4 on Y = X - grad V",
-            lambda s, p: _integrate(y, model, s, p, "rk4"),
-            target=lambda s: y,
-        ),
-        Method(
-            "Euler, no feedback",
-            "explicit Euler on the extended field X (drift_tol=None)",
-            lambda s, p: _integrate(x, model, s, p, "euler", drift_tol=None),
-            {"linestyle": "--"},
-            target=lambda s: x,
-            monitored=False,
-        ),
-        Method(
-            "RK4, no feedback",
-            "classical RK4 on the extended field X (drift_tol=None)",
-            lambda s, p: _integrate(x, model, s, p, "rk4", drift_tol=None),
-            {"linestyle": "--"},
-            target=lambda s: x,
-            monitored=False,
-        ),
+        _run("feedback Euler", "explicit Euler on Y = X - grad V", y, model, "euler", feedback=True),
+        _run("feedback RK4", "classical RK4 on Y = X - grad V", y, model, "rk4", feedback=True),
+        _run("Euler, no feedback", "explicit Euler on the extended field X (drift_tol=None)", x, model, "euler",
+             dashed, feedback=False),
+        _run("RK4, no feedback", "classical RK4 on the extended field X (drift_tol=None)", x, model, "rk4",
+             dashed, feedback=False),
     ]
     if setup.variant is not None:
         seed = setup.variant()
         ys = _feedback(seed, setup.variant_gains)
         xs = geomjax.dirac_field(seed.system)
+        dotted = {"linestyle": ":"}
         methods += [
-            Method(
-                "seed (60): feedback Euler",
-                "explicit Euler on seed 001's momentum-conserving extension (60) with its feedback (61), "
-                "V quadratic in the four momenta",
-                lambda s, p: _integrate(ys, seed, s, p, "euler"),
-                {"linestyle": "-."},
-                target=lambda s: ys,
-            ),
-            Method(
-                "seed (60): Euler, no feedback",
-                "explicit Euler on seed 001's extension (60) (drift_tol=None)",
-                lambda s, p: _integrate(xs, seed, s, p, "euler", drift_tol=None),
-                {"linestyle": ":"},
-                target=lambda s: xs,
-                monitored=False,
-            ),
-            Method(
-                "seed (60): RK4, no feedback",
-                "classical RK4 on seed 001's extension (60) (drift_tol=None)",
-                lambda s, p: _integrate(xs, seed, s, p, "rk4", drift_tol=None),
-                {"linestyle": ":"},
-                target=lambda s: xs,
-                monitored=False,
-            ),
+            _run("seed (60): feedback Euler", "explicit Euler on seed 001's momentum-conserving extension (60) "
+                 "with its feedback (61), V quadratic in the four momenta", ys, seed, "euler", {"linestyle": "-."},
+                 feedback=True),
+            _run("seed (60): Euler, no feedback", "explicit Euler on seed 001's extension (60) (drift_tol=None)",
+                 xs, seed, "euler", dotted, feedback=False),
+            _run("seed (60): RK4, no feedback", "classical RK4 on seed 001's extension (60) (drift_tol=None)",
+                 xs, seed, "rk4", dotted, feedback=False),
         ]
     return methods
 
