@@ -2,6 +2,7 @@
 parameter and the feedback gains against central finite differences; parameter sweeps by
 `vmap`."""
 
+import equinox as eqx
 import geomjax
 import jax
 import jax.numpy as jnp
@@ -163,3 +164,62 @@ def test_traced_parameters_with_a_concrete_initial_state():
     fd = (float(jax.jit(run)(k + 1e-6)) - float(jax.jit(run)(k - 1e-6))) / 2e-6
     assert abs(fd) > 1e-4
     assert abs(ad - fd) <= 1e-5 * abs(fd)
+
+
+def test_derivative_loops_run_entrywise_with_the_same_steps_and_derivatives():
+    """Derivatives of explicit-Euler runs go through the field with every state entry (and
+    every entry of its gains and targets) a piece of its own (`per_entry`): the same step,
+    the same derivatives, members' shared arrays still shared. Multi-stage methods keep
+    their layout."""
+    from geomjax._driver.batched import batch_members
+    from geomjax._driver.integrate import per_entry
+    from geomjax._field.base import EntrywiseField
+    from geomjax._step.methods import build_step
+
+    model = geomjax.models.spherical_pendulum()
+    field = geomjax.feedback_field(model.system, model.x0, gains=GAINS)
+    starts = jnp.stack([X_START, X_START * 1.01, X_START * 0.99])
+
+    def batched(method, gains):
+        def make(member):
+            f = eqx.tree_at(lambda f: f.gains, field, gains)
+            step = build_step(method, f)
+            return step.at_start(step.split(member["x0"])), member["x0"]
+
+        return batch_members(make, {"x0": starts}, 0, 3)
+
+    step, x0 = batched("euler", GAINS)
+    entries = per_entry(step)
+    assert isinstance(entries.step.field, EntrywiseField)
+    rk4 = batched("rk4", GAINS)[0]
+    assert per_entry(rk4) is rk4
+    arrays = jax.tree_util.tree_leaves(eqx.filter(entries.step, eqx.is_array))
+    gain_axes = [ax for leaf, ax in zip(arrays, entries.step_axes) if leaf.ndim == 0]
+    assert None in gain_axes  # the gains' entries stay shared by the members
+
+    def advance(s, x):
+        z, _ = s.advance(0.0, s.split(x), 0.01, None)
+        return s.merge(z)
+
+    x_plain, x_entry = advance(step, x0), advance(entries, x0)
+    np.testing.assert_allclose(x_entry, x_plain, rtol=1e-15, atol=1e-15)
+    v = jnp.ones_like(x0)
+    _, t_plain = jax.jvp(lambda x: advance(step, x), (x0,), (v,))
+    _, t_entry = jax.jvp(lambda x: advance(entries, x), (x0,), (v,))
+    np.testing.assert_allclose(t_entry, t_plain, rtol=1e-13, atol=1e-15)
+    cot = jnp.cos(x0)
+    g_plain = jax.vjp(lambda x: advance(step, x), x0)[1](cot)[0]
+    g_entry = jax.vjp(lambda x: advance(entries, x), x0)[1](cot)[0]
+    np.testing.assert_allclose(g_entry, g_plain, rtol=1e-13, atol=1e-15)
+
+    # the gains' cotangent through the conversion (per_entry inside, as the driver does)
+    def through_gains(layout):
+        def loss(gains):
+            s = batched("euler", gains)[0]
+            s = per_entry(s) if layout == "entries" else s
+            z, _ = s.advance(0.0, s.split(x0), 0.01, None)
+            return jnp.sum(jnp.sin(s.merge(z)))
+
+        return jax.grad(loss)(GAINS)
+
+    np.testing.assert_allclose(through_gains("entries"), through_gains("plain"), rtol=1e-12, atol=1e-15)

@@ -108,7 +108,19 @@ def test_the_spherical_pendulum_feedback_field_loses_the_structural_zeros(spheri
 
 
 def _emitted(fn, *args):
-    return [e.primitive.name for e in jax.make_jaxpr(lambda *a: scalar_graph(fn, *a))(*args).jaxpr.eqns]
+    """The primitives `scalar_graph(fn, ...)` evaluates (inside its `custom_jvp`, whose rule
+    is the simplified JVP)."""
+
+    def names(jaxpr):
+        out = []
+        for e in jaxpr.eqns:
+            if e.primitive.name == "custom_jvp_call":
+                out += names(e.params["call_jaxpr"].jaxpr)
+            else:
+                out.append(e.primitive.name)
+        return out
+
+    return names(jax.make_jaxpr(lambda *a: scalar_graph(fn, *a))(*args).jaxpr)
 
 
 def test_algebraic_rules():
@@ -338,3 +350,55 @@ def test_expansions_are_cached_across_traces(spherical):
     for k, row in zip(gains, batched):
         expected = geomjax.feedback_field(spherical.system, spherical.x0, gains=float(k)).vector(z)[0]
         np.testing.assert_allclose(row, expected, rtol=1e-13)
+
+
+def _op_count(jaxpr) -> int:
+    """Equations of a jaxpr, those of the jaxprs inside its equations included."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        subs = list(jax.extend.core.jaxprs_in_params(eqn.params))
+        total += sum(_op_count(sub) for sub in subs) if subs else 1
+    return total
+
+
+def test_derivatives_are_simplified_graphs_with_the_same_values(spherical, rng):
+    """The JVP of a simplified function is itself a simplified graph (of the original
+    function's JVP): it computes what JAX's derivative computes, with fewer operations;
+    reverse mode transposes it; the values agree with the derivatives as derived."""
+    field = geomjax.feedback_field(spherical.system, spherical.x0, gains=3.0)
+    field = field.at_start(field.split(spherical.x0))
+    z = field.split(jnp.asarray(rng.standard_normal(6)))
+    v = field.split(jnp.asarray(rng.standard_normal(6)))
+    simplified = lambda w: field.rhs(0.0, w, None)
+    as_derived = lambda w: field.vector(w)
+    got, ref = jax.jvp(simplified, (z,), (v,)), jax.jvp(as_derived, (z,), (v,))
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+    cot = field.split(jnp.asarray(rng.standard_normal(6)))
+    got = jax.vjp(simplified, z)[1](cot)
+    ref = jax.vjp(as_derived, z)[1](cot)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+    # The linearised field's arithmetic: the simplified rule against JAX's JVP of the
+    # field as derived (257 against 510 scalar operations when written).
+    ours = _arith_count(lambda w, t: jax.jvp(simplified, (w,), (t,)), z, v)
+    with simplify.enabled(False):
+        plain = _arith_count(lambda w, t: jax.jvp(as_derived, (w,), (t,)), z, v)
+    assert ours < 0.6 * plain, (ours, plain)
+
+
+def test_derivative_rules_keep_zero_tangents_and_nans(rng):
+    """Zero tangents are folded (a derivative with respect to one input reads nothing of
+    the others); a non-finite value a rewrite of the derivative removed still makes the
+    derivative NaN, as JAX's derivative of the function as written is; reverse mode works
+    where the derivative's guard reads tangents."""
+    fn = lambda x, k: jnp.stack([k[0] * x[0] * x[1] + 0.0 * (x[0] * x[2]), jnp.sin(x[0]) ** 2 + jnp.cos(x[0]) ** 2 + k[1] * x[2]])
+    x, k = jnp.asarray(rng.standard_normal(3)), jnp.asarray([0.5, 2.0])
+    dk = jax.jacfwd(lambda k: scalar_graph(fn, x, k))(k)
+    np.testing.assert_allclose(dk, jax.jacfwd(lambda k: fn(x, k))(k), rtol=1e-14)
+    gx = jax.grad(lambda x: jnp.sum(scalar_graph(fn, x, k) ** 2))(x)
+    np.testing.assert_allclose(gx, jax.grad(lambda x: jnp.sum(fn(x, k) ** 2))(x), rtol=1e-13)
+    bad = x.at[2].set(jnp.inf)
+    _, tangent = jax.jvp(lambda x: scalar_graph(fn, x, k), (bad,), (jnp.ones(3),))
+    _, expected = jax.jvp(lambda x: fn(x, k), (bad,), (jnp.ones(3),))
+    assert np.isnan(expected[0]) and np.isnan(tangent[0])

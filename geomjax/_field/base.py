@@ -5,6 +5,8 @@ from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._monitored import AbstractMonitored, AbstractSystemMonitored
 from .._validate import _TRACE_ERRORS, untraceable_message
@@ -56,6 +58,89 @@ class SystemField(AbstractSystemMonitored, AbstractField):
     @property
     def dim(self):
         return self.system.dim
+
+
+def _is_inexact_array(x) -> bool:
+    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+class EntrywiseField(SystemField):
+    """A derived field with every scalar of the state, and of its own arrays, a piece of
+    its own: the layout of the derivative loops.
+
+    The same vector field: `rhs` is the simplified scalar graph of the original field's
+    `vector`, with the state's entries `(x₁, …, xₙ)` as inputs and outputs and the
+    entries of the field's floating-point arrays (gains, targets, metric) as further
+    inputs. Under `vmap` each entry is one contiguous vector over the members, so reverse
+    mode never assembles an array's cotangent from per-entry expressions: with arrays as
+    inputs, the cotangent of each is a concatenation or a sum of pads of per-entry
+    expressions, which XLA's CPU backend fuses with everything that computes them and
+    then evaluates entry by entry, unvectorised (`benchmarks/tuning.py` measures the
+    tuning iteration both ways). Build it with `EntrywiseField.of(field)`; everything but
+    the layout (monitored quantities, targets, checks) is the original field's.
+    """
+
+    shell: SystemField  # the original field without its floating-point arrays
+    entries: tuple  # their entries, as 0-d arrays
+    shapes: tuple = eqx.field(static=True)
+    treedef: object = eqx.field(static=True)
+
+    @classmethod
+    def of(cls, field: SystemField) -> "EntrywiseField":
+        arrays, shell = eqx.partition(field, _is_inexact_array)
+        leaves, treedef = jax.tree_util.tree_flatten(arrays)
+        entries = tuple(e for leaf in leaves for e in (jnp.reshape(leaf, (-1,))[i] for i in range(leaf.size)))
+        return cls(shell, entries, tuple(leaf.shape for leaf in leaves), treedef)
+
+    @property
+    def field(self) -> SystemField:
+        leaves, start = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape, dtype=int))
+            part = self.entries[start : start + size]
+            leaves.append(jnp.stack(part).reshape(shape) if size else jnp.zeros(shape))
+            start += size
+        return eqx.combine(jax.tree_util.tree_unflatten(self.treedef, leaves), self.shell)
+
+    @property
+    def system(self):
+        return self.shell.system
+
+    def vector(self, z):
+        inner = self.field
+        x = inner.merge(inner.vector(inner.split(jnp.stack(z))))
+        return tuple(x[i] for i in range(x.shape[0]))
+
+    def split(self, x):
+        return tuple(x[i] for i in range(x.shape[0]))
+
+    def merge(self, z):
+        return jnp.stack(z)
+
+    @property
+    def dim(self):
+        return self.shell.dim
+
+    def check(self, x0) -> None:
+        self.field.check(x0)
+
+    def at_start(self, z0):
+        inner = self.field
+        return EntrywiseField.of(inner.at_start(inner.split(self.merge(z0))))
+
+    def constraint_residuals(self, x):
+        return self.field.constraint_residuals(x)
+
+    def invariants(self, x):
+        return self.field.invariants(x)
+
+
+def entrywise(field):
+    """`EntrywiseField.of(field)` for a derived field evaluated through its scalar graph
+    (a `SystemField` with `SystemField`'s `rhs`), else `field` unchanged."""
+    if isinstance(field, SystemField) and type(field).rhs is SystemField.rhs and not isinstance(field, EntrywiseField):
+        return EntrywiseField.of(field)
+    return field
 
 
 def _check_returns_state(fn, x, what: str, call: str, hint: str):
