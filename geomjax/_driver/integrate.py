@@ -30,7 +30,7 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 from jax import lax
 
-from .._field.base import AbstractField, TimeField, as_field, entrywise
+from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
 from .._step.runge_kutta import ExplicitRungeKutta
 from .._step.methods import build_step
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
@@ -116,19 +116,23 @@ def per_entry(step):
     steps). A `BatchedStep` converts its members' step, keeping shared arrays shared.
     """
     if isinstance(step, BatchedStep):
-        if per_entry(step.step) is step.step:
+        if not _converts(step.step):
             return step
         inner, axes = vmap_keep_shared(per_entry, (step.step,), list(step.step_axes), step.size, step.axis)
         return BatchedStep(inner, axes, step.axis, step.size, step.loop)
-    if (
+    if _converts(step):
+        return eqx.tree_at(lambda s: s.field, step, entrywise(step.field))
+    return step
+
+
+def _converts(step) -> bool:
+    """Whether `per_entry` changes `step` (decided without building anything)."""
+    return (
         type(step) is ExplicitRungeKutta
         and step.tableau.stages == 1
         and (step.dim or _PER_ENTRY_MAX_DIM + 1) <= _PER_ENTRY_MAX_DIM
-    ):
-        field = entrywise(step.field)
-        if field is not step.field:
-            return eqx.tree_at(lambda s: s.field, step, field)
-    return step
+        and entrywise_applies(step.field)
+    )
 
 
 def _in_layout_of(step, other, run):

@@ -135,12 +135,15 @@ class EntrywiseField(SystemField):
         return self.field.invariants(x)
 
 
+def entrywise_applies(field) -> bool:
+    """Whether `entrywise` converts `field`: a derived field evaluated through its scalar
+    graph (a `SystemField` with `SystemField`'s `rhs`), not already entrywise."""
+    return isinstance(field, SystemField) and type(field).rhs is SystemField.rhs and not isinstance(field, EntrywiseField)
+
+
 def entrywise(field):
-    """`EntrywiseField.of(field)` for a derived field evaluated through its scalar graph
-    (a `SystemField` with `SystemField`'s `rhs`), else `field` unchanged."""
-    if isinstance(field, SystemField) and type(field).rhs is SystemField.rhs and not isinstance(field, EntrywiseField):
-        return EntrywiseField.of(field)
-    return field
+    """`EntrywiseField.of(field)` where `entrywise_applies(field)`, else `field` unchanged."""
+    return EntrywiseField.of(field) if entrywise_applies(field) else field
 
 
 def _check_returns_state(fn, x, what: str, call: str, hint: str):

@@ -49,8 +49,9 @@ concrete inputs folded in as constants. Reverse mode transposes that linear grap
 gradients through a derived field cost what its simplified derivative costs, not what
 JAX's derivative of every emitted operation does (for the spherical pendulum's feedback
 field the linearisation has half the arithmetic of the field as derived). In the
-derivative's graph, the guard's terms that read a tangent are kept differentiable and
-added to the tangent outputs only; its primal outputs keep the primal's guard.
+derivative's graph, the guard's terms that read a tangent are kept differentiable (they
+are linear). The primal outputs of the rule are the simplified function's own, so a
+differentiated run computes the values a plain run does.
 `stop_gradient` is kept as an operation, so it acts as it does in the original. Where the
 derivative's graph exceeds the size limits, the rule is JAX's JVP of the emitted graph.
 
@@ -927,8 +928,8 @@ def _prune(graph, guard, roots):
 def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None):
     """Evaluate the plan's nodes as scalar JAX operations on the current inputs.
 
-    `linear = (first tangent argument, first tangent output)` for the graph of a JVP
-    rule, whose arguments and outputs are (primals, tangents): see the guard below."""
+    `linear`: for the tangent map of a JVP rule, the position of its first tangent
+    argument (its arguments are the primals, then the tangents): see the guard below."""
     graph = plan.graph
     sources = {"arg": flat_args, "const": consts}
     values = {}
@@ -972,16 +973,15 @@ def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None):
             values[i] = _PLAIN[prim.name](*operands)
         else:
             values[i] = prim.bind(*operands, **params)
-    # The guard: one check over the removed subexpressions. In a JVP rule's graph
-    # (`linear`), the terms that read a tangent stay differentiable (reverse mode
-    # transposes them; they are linear) and guard only the tangent outputs; the primal
-    # outputs get the terms of the primal alone, as the primal graph has them.
+    # The guard: one check over the removed subexpressions. In the tangent map of a JVP
+    # rule (`linear`), the terms that read a tangent stay differentiable: they are
+    # linear, and reverse mode transposes them.
     primal_check, tangent_check = None, None
-    tangent_leaf = (lambda k: plan.leaves[k][0] == "arg" and plan.leaves[k][1] >= linear[0]) if linear else None
+    tangent_leaf = (lambda k: plan.leaves[k][0] == "arg" and plan.leaves[k][1] >= linear) if linear is not None else None
     for kind, t in plan.guard:
         v = value(t)
         term = v - v if kind == "finite" else jnp.zeros((), graph.dtypes[t]) / v
-        reads_tangent = linear and any(
+        reads_tangent = linear is not None and any(
             graph.nodes[a][0] == "leaf" and tangent_leaf(graph.nodes[a][1]) for a in _ancestors(graph, [t])
         )
         if reads_tangent:
@@ -991,14 +991,14 @@ def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None):
     if primal_check is not None:
         primal_check = lax.stop_gradient(primal_check)
     results = []
-    for n, (ids, aval) in enumerate(zip(plan.outputs, out_avals)):
+    check = primal_check
+    if tangent_check is not None:
+        check = tangent_check if check is None else check + tangent_check
+    for ids, aval in zip(plan.outputs, out_avals):
         ids = np.asarray(ids)
         if ids.size == 0:
             results.append(jnp.zeros(aval.shape, aval.dtype))
             continue
-        check = primal_check
-        if linear and n >= linear[1] and tangent_check is not None:
-            check = tangent_check if check is None else check + tangent_check
         guarded = (
             check is not None
             and jnp.issubdtype(aval.dtype, jnp.inexact)
@@ -1096,9 +1096,9 @@ def scalar_graph(fn: Callable, *args, warn: bool = True):
 
 
 def _simplified_call(fn, args, warn: bool, linear=None, fallback=None):
-    """`scalar_graph`'s work. `linear = (first tangent argument, first tangent output)`:
-    `fn` is a JVP `(primals, tangents) ↦ (primal outputs, tangent outputs)`, emitted as it
-    is (no derivative rule of its own) with the guard of its tangent outputs left
+    """`scalar_graph`'s work. `linear` (the position of the first tangent argument): `fn`
+    is the tangent map `(primals, tangents) ↦ tangent outputs` of a JVP rule, emitted as
+    it is (no derivative rule of its own) with the guard's tangent terms left
     differentiable, so that reverse mode can transpose it (see `_emit`). `fallback`: what
     is evaluated instead of `fn` where the graph is not simplified (default `fn`)."""
     fallback = fn if fallback is None else fallback
@@ -1138,7 +1138,7 @@ def _simplified_call(fn, args, warn: bool, linear=None, fallback=None):
         results = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat_args)
         return jax.tree_util.tree_unflatten(out_tree, results)
     consts = list(closed.consts)
-    if linear:
+    if linear is not None:
         results = _emit(plan, list(flat_args), consts, out_leaves, linear)
     else:
         results = _with_simplified_derivatives(plan, closed, list(flat_args), consts, out_leaves)
@@ -1162,10 +1162,11 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
     derivative rules included), with zero tangents and concrete inputs folded in as
     constants; reverse mode transposes that simplified linear graph. (The JVP of the
     original simplifies further than the JVP of the emitted graph, whose shared
-    reciprocals and collected terms no longer cancel against their derivatives:
-    `benchmarks/tuning.py` measured the iteration 1.3× slower that way.) Where the JVP's
-    graph exceeds the size limits, the rule is the plain `jax.jvp` of the emitted graph,
-    as without the rule.
+    reciprocals and collected terms no longer cancel against their derivatives: a
+    tuning iteration ran 1.3× slower that way.) The rule's primal outputs are the
+    emitted graph's, the values of an undifferentiated call. Where the JVP's graph
+    exceeds the size limits, the rule is the plain `jax.jvp` of the emitted graph, as
+    without the rule.
     """
     values = list(flat_args) + list(consts)
     traced = [i for i, v in enumerate(values) if isinstance(v, jax.core.Tracer)]
@@ -1191,10 +1192,11 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
 
     def _jvp(primals, tangents):
         tangents = jax.tree_util.tree_map(_zero_tangent, tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
-        return _simplified_call(
-            lambda p, t: jax.jvp(original, p, t), (primals, tangents), False,
-            linear=(len(traced), len(out_leaves)), fallback=lambda p, t: jax.jvp(emitted, p, t),
+        out_tangents = _simplified_call(
+            lambda p, t: jax.jvp(original, p, t)[1], (primals, tangents), False,
+            linear=len(traced), fallback=lambda p, t: jax.jvp(emitted, p, t)[1],
         )
+        return emitted(*primals), out_tangents
 
     simplified.defjvp(_jvp, symbolic_zeros=True)
     return simplified([values[i] for i in traced])
