@@ -214,9 +214,12 @@ def _penalised(obj, field, theta, train, states, refs, kind, metric, stability, 
 _loss_and_grad = eqx.filter_jit(jax.value_and_grad(_penalised, argnums=2, has_aux=True))
 
 # Forward mode pays about one forward run per parameter and stores nothing; reverse mode
-# pays a backward loop whose cost does not grow with the parameters. Forward wins up to
-# about this many (measured on CPU, B = 16–256: 1 parameter 4.8–9× the forward run against
-# 10–33× in reverse; 4 parameters 12–44× against 10–29×; benchmarks/tuning.py).
+# pays a backward loop whose cost does not grow with the parameters. Forward mode is taken
+# up to this many (benchmarks/tuning.py, CPU, B = 16–4096, one parameter: the pendulum's
+# RK4 5.7–6.7× the forward run against 10.5–17.8× in reverse; explicit Euler 2.0–12.3×
+# against 3.3–13.3×, close either way; the double pendulum's RK4 the exception, 13.5–33×
+# against 7.5–16.5×; with 4 parameters forward mode lost everywhere in earlier runs, 12–44×
+# against 10–29×).
 _FORWARD_MAX_PARAMETERS = 3
 
 
