@@ -104,7 +104,7 @@ class EntrywiseField(SystemField):
 
     @property
     def system(self):
-        return self.shell.system
+        return self.field.system
 
     def vector(self, z):
         inner = self.field
@@ -119,7 +119,7 @@ class EntrywiseField(SystemField):
 
     @property
     def dim(self):
-        return self.shell.dim
+        return self.field.dim
 
     def check(self, x0) -> None:
         self.field.check(x0)
