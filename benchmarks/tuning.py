@@ -39,6 +39,12 @@ the spherical pendulum's field written by hand on six (B,) arrays with the same 
 checkpointing and saves, with and without checkpointing (the XLA CPU reverse-mode floor
 for this field).
 
+XLA's CPU fusion: the iteration against the forward for the tuner's loss and the same loss
+by hand (spherical pendulum, Euler and RK4), with XLA's default fusion and, in a subprocess,
+with `xla_cpu_use_multi_output_fusion=true` added to `XLA_FLAGS`, and the instructions one
+step of the forward and backward per-step loops executes: how far the reverse-mode cost on
+the CPU is XLA's recomputation of shared intermediates, and what the option does elsewhere.
+
 On a shared 2-core host XLA's multi-threaded CPU runtime makes the backward loop's large
 fusions sensitive to other load; `--single-thread` reruns everything with
 `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false` pinned to one core, for steadier ratios.
@@ -66,6 +72,7 @@ import numpy as np
 from _harness import sphere_states
 
 import geomjax
+from geomjax._config import with_backend_option
 from geomjax._tuning.tune import (
     _initial_theta, _invariant_drift, _loss_and_grad, _loss_and_grad_forward, _objective, _penalised, _with_theta,
 )
@@ -263,17 +270,20 @@ def available_bytes():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def run_children(specs, parallel=2):
-    """{spec: dict} from one subprocess per spec, `parallel` at a time."""
+def run_children(specs, parallel=2, flag="--rss-child", xla_flags=None, extra=()):
+    """{spec: dict} from one subprocess per spec (`tuning.py FLAG spec ...extra`), `parallel`
+    at a time, with `XLA_FLAGS` replaced by `xla_flags` where given."""
     here = os.path.abspath(__file__)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(here)), env.get("PYTHONPATH")]))
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     results, pending = {}, list(specs)
     running = []
     while pending or running:
         while pending and len(running) < parallel:
             spec = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, here, "--rss-child", spec], stdout=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, here, flag, spec, *extra], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env)
             running.append((spec, proc))
         spec, proc = running.pop(0)
@@ -496,18 +506,19 @@ def variant_loss(case, per_member=True, layout="auto"):
     return loss
 
 
-def hand_pendulum_loss(steps, checkpoint, step_checkpoint=True):
+def hand_pendulum_loss(steps, checkpoint, step_checkpoint=True, method="euler"):
     """The spherical pendulum's feedback field (seed 000 eqs. (7)–(8), m = g = 1, gains
-    k1..k4 = e^θ, as the tuner's vector gains) by hand on six (B,) arrays, explicit Euler in `lax.scan`, saves every
-    N/10 steps, each block and each step under `jax.checkpoint` as the driver does, and
-    the mean over the members of log₁₀ RMS drift of (|q|², q·p, H, J) at the saves. No
-    status, no checks; the gains are shared by the members (as in the tuner)."""
+    k1..k4 = e^θ, as the tuner's vector gains) by hand on six (B,) arrays, explicit Euler or
+    classical RK4 (`method`) in `lax.scan`, saves every N/10 steps, each block and each step
+    under `jax.checkpoint` as the driver does, and the mean over the members of log₁₀ RMS
+    drift of (|q|², q·p, H, J) at the saves. No status, no checks; the gains are shared by
+    the members (as in the tuner)."""
 
     def quantities(q1, q2, q3, p1, p2, p3):
         return (q1 * q1 + q2 * q2 + q3 * q3, q1 * p1 + q2 * p2 + q3 * p3,
                 0.5 * (p1 * p1 + p2 * p2 + p3 * p3) + q3, q1 * p2 - q2 * p1)
 
-    def step(s, targets, gains):
+    def field(s, targets, gains):
         q1, q2, q3, p1, p2, p3 = s
         f10, f20, h0, j0 = targets
         k1, k2, k3, k4 = gains
@@ -520,7 +531,20 @@ def hand_pendulum_loss(steps, checkpoint, step_checkpoint=True):
         c, d, kj = (q3 - pp) / f1 - k2 * df2, r - k3 * dh, k4 * dj
         dq = (a * p1 - b * q1 - kj * p2, a * p2 - b * q2 + kj * p1, a * p3 - b * q3 - k3 * dh)
         dp = (d * p1 + c * q1 + kj * q2, d * p2 + c * q2 - kj * q1, d * p3 + c * q3 - 1.0)
-        return tuple(x + DT * v for x, v in zip(s, dq + dp))
+        return dq + dp
+
+    def axpy(s, k, c):
+        return tuple(x + c * v for x, v in zip(s, k))
+
+    def step(s, targets, gains):
+        f = lambda y: field(y, targets, gains)
+        if method == "euler":
+            return axpy(s, f(s), DT)
+        k1 = f(s)
+        k2 = f(axpy(s, k1, DT / 2))
+        k3 = f(axpy(s, k2, DT / 2))
+        k4 = f(axpy(s, k3, DT))
+        return tuple(x + DT / 6 * (a + 2 * b + 2 * c + d) for x, a, b, c, d in zip(s, k1, k2, k3, k4))
 
     block_len = max(1, steps // 10)
 
@@ -634,6 +658,68 @@ def why_section(case, repeat, profile=True, what_ifs=True, no_checkpoint_hand=Tr
 
 
 # --------------------------------------------------------------------------------------
+# XLA's fusion on the CPU: the reverse-mode floor, and multi-output fusion
+
+MULTI_OUTPUT_FUSION = "xla_cpu_use_multi_output_fusion"
+
+
+def fusion_rows(specs, repeat):
+    """{spec: {variant: [forward run, iteration run, gradient]}} in this process, for specs
+    'problem:N:B': the tuner's loss and, for the spherical pendulum, the same loss by hand
+    on (B,) arrays (`hand_pendulum_loss`, same method)."""
+    probs, rows = problems(), {}
+    for spec in specs:
+        key, steps, batch = spec.split(":")
+        case = Case(probs[key], int(steps), int(batch))
+        variants = {"tuner": (case.forward, case.iteration)}
+        if key.startswith("pendulum"):
+            hand = hand_pendulum_loss(case.steps, True, method=probs[key].method)
+            variants["by hand"] = (jax.jit(hand), jax.jit(jax.value_and_grad(hand, has_aux=True)))
+        rows[spec] = {}
+        for label, (fwd, it) in variants.items():
+            (_, f_run, _), (_, i_run, out) = interleaved([fwd, it], case.args, repeat)
+            _, loops = hlo_loops(it.lower(*case.args).compile().as_text())
+            per_step = {kind: max([lp["instructions"] for lp in loops if lp["inner"] and lp["kind"] == kind] or [0])
+                        for kind in ("forward (linearised)", "backward")}
+            rows[spec][label] = [f_run, i_run, np.asarray(out[1]["gains"]).tolist(), per_step["forward (linearised)"],
+                                 per_step["backward"]]
+    return rows
+
+
+def fusion_section(specs, repeat):
+    """The iteration against the forward with XLA's default CPU fusion and with multi-output
+    fusion on (a subprocess: XLA reads its flags when the CPU backend starts)."""
+    print()
+    print("=" * 120)
+    print("the reverse-mode floor and XLA's CPU fusion: one iteration / the forward, the tuner and the same loss by")
+    print("  hand on (B,) arrays (spherical pendulum), with XLA's default fusion (this process) and with")
+    print(f"  {MULTI_OUTPUT_FUSION}=true added to XLA_FLAGS (a subprocess). Without it, XLA's CPU backend fuses")
+    print("  each cheap shared intermediate into every consumer and recomputes it there; with it, shared")
+    print("  intermediates are computed once and written as extra outputs. run [ms]; x = iteration / forward;")
+    print("  instr f/b = instructions one step executes in the iteration's forward / backward per-step loop;")
+    print("  grad diff = max relative difference of the gains' gradient between the two processes")
+    here = fusion_rows(specs, repeat)
+    flags = with_backend_option(os.environ.get("XLA_FLAGS", ""), MULTI_OUTPUT_FUSION, "true")
+    child = run_children([",".join(specs)], parallel=1, flag="--fusion-child", xla_flags=flags,
+                         extra=("--repeat", str(repeat)))[",".join(specs)]
+    if "error" in child:
+        print(f"  (the subprocess failed: {child['error']})")
+        return
+    print(f"  {'':<38}{'default fusion':^38}   {'multi-output fusion':^38}")
+    print(f"  {'problem':<15}{'N':>6}{'B':>6}  {'variant':<9}" + f"{'fwd':>9}{'iter':>10}{'x':>7}{'instr f/b':>12}   " * 2
+          + f"{'iter/default':>12}{'grad diff':>11}")
+    for spec in specs:
+        key, steps, batch = spec.split(":")
+        for label, (f0, i0, g0, a0, b0) in here[spec].items():
+            f1, i1, g1, a1, b1 = child[spec][label]
+            g0, g1 = np.asarray(g0), np.asarray(g1)
+            diff = float(np.max(np.abs(g1 - g0)) / max(np.max(np.abs(g0)), 1e-300))
+            print(f"  {key:<15}{steps:>6}{batch:>6}  {label:<9}{f0 * 1e3:>9.2f}{i0 * 1e3:>10.2f}{i0 / f0:>7.1f}"
+                  f"{f'{a0}/{b0}':>12}   {f1 * 1e3:>9.2f}{i1 * 1e3:>10.2f}{i1 / f1:>7.1f}{f'{a1}/{b1}':>12}   "
+                  f"{i1 / i0:>12.2f}{diff:>11.1e}", flush=True)
+
+
+# --------------------------------------------------------------------------------------
 # A whole tune_gains call
 
 
@@ -738,6 +824,7 @@ def main(argv=None):
     parser.add_argument("--single-thread", action="store_true",
                         help="rerun with XLA_FLAGS=--xla_cpu_multi_thread_eigen=false on one core (sched_setaffinity)")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument("--fusion-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.single_thread and os.environ.get("GEOMJAX_BENCH_SINGLE") != "1":
         env = dict(os.environ, GEOMJAX_BENCH_SINGLE="1")
@@ -749,6 +836,10 @@ def main(argv=None):
         rss_child(args.rss_child)
         return
     args.repeat = args.repeat or (2 if args.quick else 5)
+    if args.fusion_child:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        print(json.dumps(fusion_rows(args.fusion_child.split(","), args.repeat)))
+        return
     warnings.filterwarnings("ignore", category=UserWarning)
     probs = problems()
     if args.quick:
@@ -756,6 +847,7 @@ def main(argv=None):
         memory_sizes = [(1000, 256)]
         why = [("pendulum-euler", 1000, 256, False)]
         tunes = [("pendulum-euler", 1000, 256, 3, 2)]
+        fusion = ["pendulum-rk4:1000:256"]
     else:
         configs = [("pendulum-euler", n, b) for n in (1000, 10000) for b in (16, 256, 4096)]
         configs += [("pendulum-rk4", n, b) for n, b in ((1000, 16), (1000, 256), (1000, 4096), (10000, 256))]
@@ -765,6 +857,8 @@ def main(argv=None):
         why = [("pendulum-euler", 1000, 256, True), ("pendulum-euler", 1000, 4096, True),
                ("chain2-euler", 1000, 256, True)]
         tunes = [("pendulum-euler", 1000, 256, 5, 2), ("pendulum-euler", 10000, 256, 5, 2)]
+        fusion = [f"{key}:1000:{b}" for key in ("pendulum-euler", "pendulum-rk4") for b in (16, 256, 4096)]
+        fusion += ["chain2-euler:1000:256", "chain2-rk4:1000:256"]
     header(args)
 
     print()
@@ -800,6 +894,10 @@ def main(argv=None):
         case = cases.get((key, steps, batch)) or Case(probs[key], steps, batch)
         why_section(case, args.repeat, profile=True, what_ifs=True, no_checkpoint_hand=full)
         print(f"(section: {time.perf_counter() - started:.0f} s)")
+
+    started = time.perf_counter()
+    fusion_section(fusion, min(args.repeat, 3))
+    print(f"(section: {time.perf_counter() - started:.0f} s)")
 
     for key, steps, batch, iterations, n_calls in tunes:
         started = time.perf_counter()

@@ -32,9 +32,34 @@ _THRESHOLD_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 _EXTRA_OPTIONS_FLAG = "--xla_backend_extra_options="
 
 
+def with_backend_option(flags: str, option: str, value) -> str:
+    """`XLA_FLAGS` with the backend option ``option=value`` added to
+    ``--xla_backend_extra_options`` (merged into the last occurrence, the one XLA keeps);
+    `flags` unchanged when it already names `option`.
+
+    Example:
+
+    ```python
+    >>> from geomjax._config import with_backend_option
+    >>> with_backend_option("--xla_dump_to=/tmp", "xla_cpu_use_multi_output_fusion", "true")
+    '--xla_dump_to=/tmp --xla_backend_extra_options=xla_cpu_use_multi_output_fusion=true'
+
+    ```
+    """
+    if option in flags:
+        return flags
+    entry = f"{option}={value}"
+    parts = flags.split()
+    for i in reversed(range(len(parts))):
+        if parts[i].startswith(_EXTRA_OPTIONS_FLAG):
+            parts[i] = f"{parts[i]},{entry}"
+            return " ".join(parts)
+    return " ".join(parts + [_EXTRA_OPTIONS_FLAG + entry])
+
+
 def with_small_loop_threshold(flags: str, threshold: int = SMALL_LOOP_BYTES) -> str:
-    """`XLA_FLAGS` with the small-loop threshold added (merged into an existing
-    ``--xla_backend_extra_options``, whose last occurrence is the one XLA keeps).
+    """`XLA_FLAGS` with the small-loop threshold added (`with_backend_option`; a threshold
+    already there is kept).
 
     Example:
 
@@ -47,15 +72,7 @@ def with_small_loop_threshold(flags: str, threshold: int = SMALL_LOOP_BYTES) -> 
 
     ```
     """
-    if _THRESHOLD_OPTION in flags:
-        return flags
-    option = f"{_THRESHOLD_OPTION}={threshold}"
-    parts = flags.split()
-    for i in reversed(range(len(parts))):
-        if parts[i].startswith(_EXTRA_OPTIONS_FLAG):
-            parts[i] = f"{parts[i]},{option}"
-            return " ".join(parts)
-    return " ".join(parts + [_EXTRA_OPTIONS_FLAG + option])
+    return with_backend_option(flags, _THRESHOLD_OPTION, threshold)
 
 
 if os.environ.get("GEOMJAX_XLA_FLAGS", "1") != "0":
