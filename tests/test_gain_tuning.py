@@ -219,10 +219,17 @@ def test_forward_and_reverse_mode_give_the_same_gradient(double_pendulum):
         assert float(v_fwd) == float(v_rev) and int(f_fwd) == int(f_rev) == 0
         assert np.all(np.abs(np.asarray(g_rev["gains"])) > 1e-6)
         np.testing.assert_allclose(np.asarray(g_fwd["gains"]), np.asarray(g_rev["gains"]), rtol=1e-9, atol=1e-12)
-    assert _differentiation("auto", {"gains": jnp.zeros(())}) == "forward"
-    assert _differentiation("auto", {"gains": jnp.zeros(5)}) == "reverse"
+    scalar = {"gains": jnp.zeros(())}
+    pendulum = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, 2.0)
+    assert _differentiation("auto", scalar, pendulum, "rk4", PENDULUM.x0) == "forward"
+    assert _differentiation("auto", {"gains": jnp.zeros(5)}, pendulum, "euler", PENDULUM.x0) == "reverse"
+    # the double pendulum's field is above the written-out size: forward mode for Euler
+    # only, reverse mode for several stages (unless asked for)
+    assert _differentiation("auto", scalar, field, "euler", model.x0) == "forward"
+    assert _differentiation("auto", scalar, field, "rk4", model.x0) == "reverse"
+    assert _differentiation("forward", scalar, field, "rk4", model.x0) == "forward"
     with pytest.raises(ValueError, match="differentiation must be"):
-        _differentiation("backward", {"gains": jnp.zeros(())})
+        _differentiation("backward", scalar, field, "rk4", model.x0)
 
 
 def test_matrix_gains_metric_reference_and_user_objectives():

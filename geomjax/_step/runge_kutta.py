@@ -57,6 +57,12 @@ def _operation_count(jaxpr) -> int:
     return sum(1 + sum(_operation_count(sub) for sub in jax.extend.core.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
 
 
+def small_field(field, t, z) -> bool:
+    """Whether `field(t, z)` has at most `WRITTEN_OUT_MAX_OPERATIONS` operations (the
+    derived fields whose stages are written out)."""
+    return _operation_count(jax.make_jaxpr(field)(t, z).jaxpr) <= WRITTEN_OUT_MAX_OPERATIONS
+
+
 class ExplicitRungeKutta(FieldStep):
     """z_{n+1} = z_n + h Σ b_i k_i, k_i = X(z_n + h Σ_j a_ij k_j), for a field X.
 
@@ -92,7 +98,7 @@ class ExplicitRungeKutta(FieldStep):
             # lowering the run takes a fraction of the time); XLA inlines the calls.
             # Concrete arrays of the field stay constants of the trace, as without the jit.
             field = jax.jit(field)
-            if _operation_count(jax.make_jaxpr(field)(t, z).jaxpr) <= WRITTEN_OUT_MAX_OPERATIONS:
+            if small_field(field, t, z):
                 return self._written_out(t, z, h, field), ok_status()
             return self._looped(t, z, h, field, checkpoint_stages=True), ok_status()
         return self._looped(t, z, h, field), ok_status()

@@ -15,6 +15,8 @@ from jax.flatten_util import ravel_pytree
 
 from .._driver.grid import zipped
 from .._driver.sweep import sweep
+from .._step.methods import build_step
+from .._step.runge_kutta import ExplicitRungeKutta, small_field
 from .._field.adaptive_gain import scale_gains
 from .._field.feedback import AbstractFeedbackField
 from .._validate import as_state
@@ -216,11 +218,22 @@ _loss_and_grad = eqx.filter_jit(jax.value_and_grad(_penalised, argnums=2, has_au
 # Forward mode pays about one forward run per parameter and stores nothing; reverse mode
 # pays a backward loop whose cost does not grow with the parameters. Forward mode is taken
 # up to this many (benchmarks/tuning.py, CPU, B = 16–4096, one parameter: the pendulum's
-# RK4 5.7–6.7× the forward run against 10.5–17.8× in reverse; explicit Euler 2.0–12.3×
-# against 3.3–13.3×, close either way; the double pendulum's RK4 the exception, 13.5–33×
-# against 7.5–16.5×; with 4 parameters forward mode lost everywhere in earlier runs, 12–44×
-# against 10–29×).
+# RK4 4.8–6.8× the forward run against 10.7–17.5× in reverse; explicit Euler 2.5–11.4×
+# against 3.3–8.2×, close either way; with 4 parameters forward mode lost everywhere in
+# earlier runs, 12–44× against 10–29×), except for methods of several stages on a
+# derived field above `runge_kutta.WRITTEN_OUT_MAX_OPERATIONS` (`_forward_mode_pays`).
 _FORWARD_MAX_PARAMETERS = 3
+
+
+def _forward_mode_pays(field, method, x0) -> bool:
+    """False for an explicit method of several stages on a large derived field: there
+    forward mode ran 2–4× slower than reverse mode (the double pendulum's feedback RK4,
+    one parameter, B = 16–256: 11.8–32.6× the forward run against 7.0–8.5×; stages
+    written out instead of looped, 17.9× against 6.4×)."""
+    step = build_step(method, field) if isinstance(method, str) else None
+    if not isinstance(step, ExplicitRungeKutta) or step.tableau.stages == 1:
+        return True
+    return small_field(lambda t, z: field.rhs(t, z, None), 0.0, field.split(jnp.asarray(x0)))
 
 
 @eqx.filter_jit
@@ -237,13 +250,13 @@ def _loss_and_grad_forward(obj, field, theta, *rest):
     return (value, aux), unravel(tangent)
 
 
-def _differentiation(mode: str, theta) -> str:
+def _differentiation(mode: str, theta, field, method, x0) -> str:
     if mode not in ("auto", "forward", "reverse"):
         raise ValueError(f"differentiation must be 'auto', 'forward' or 'reverse', got {mode!r}")
     if mode != "auto":
         return mode
     size = sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(theta))
-    return "forward" if size <= _FORWARD_MAX_PARAMETERS else "reverse"
+    return "forward" if size <= _FORWARD_MAX_PARAMETERS and _forward_mode_pays(field, method, x0) else "reverse"
 
 
 @eqx.filter_jit
@@ -419,7 +432,9 @@ def tune_gains(
     Gradients go through the whole run: in forward mode (one JVP per parameter; nothing
     stored) or reverse mode (each save block rematerialised when `checkpoint`);
     `differentiation="auto"` takes forward mode for at most 3 parameters (a scalar gain
-    scale, say), where it is the cheaper of the two. The gains stay valid by construction: a scalar scale
+    scale, say), where it is the cheaper of the two, except with a method of several
+    stages on a large field (above 200 operations), where reverse mode is. The gains
+    stay valid by construction: a scalar scale
     K = e^s K₀ (`gains="scalar"`), one e^{θᵢ} per entry of F (`"vector"`; zero gains stay
     zero), or K = CCᵀ with C lower triangular with a log diagonal (`"matrix"`); a tuned
     metric is diagonal (e^μ) or Cholesky-parametrised (`tune_metric="diagonal"/"full"`).
@@ -493,7 +508,8 @@ def tune_gains(
         return theta, frac
 
     theta, frac = project(_initial_theta(field, kind, tune_metric, dim))
-    loss_and_grad = _loss_and_grad_forward if _differentiation(differentiation, theta) == "forward" else _loss_and_grad
+    mode = _differentiation(differentiation, theta, field, method, x0s[0])
+    loss_and_grad = _loss_and_grad_forward if mode == "forward" else _loss_and_grad
     refs = obj.references(field, x0s)
     state = optimizer.init(theta)
     history = {"objective": [], "gains": [], "stability_fraction": [], "failed": [], "skipped": []}
