@@ -239,12 +239,13 @@ def test_looped_stages_of_a_large_derived_field_are_checkpointed_and_differentia
     """The double pendulum's feedback field is above the written-out size, so RK4 loops over
     its stages, each under `jax.checkpoint`; the gradients through a run (w.r.t. the start
     and the gain) match central differences."""
-    from geomjax._step.runge_kutta import small_field
-
     model = geomjax.models.planar_chain(2, gravity=9.81)
     field = geomjax.feedback_field(model.system, model.x0, gains=2.0)
-    assert not small_field(lambda t, z: field.rhs(t, z, None), 0.0, field.split(model.x0))
     step = geomjax.explicit_rk(field, geomjax.RK4)
+    assert step.stage_layout(0.0, step.split(model.x0)) == "checkpointed"
+    pendulum = geomjax.models.spherical_pendulum()
+    small = geomjax.explicit_rk(geomjax.feedback_field(pendulum.system, pendulum.x0, gains=2.0), geomjax.RK4)
+    assert small.stage_layout(0.0, small.split(pendulum.x0)) == "written out"
     assert "remat2" in _primitives_in_loops(jax.make_jaxpr(lambda x: step(x, 1e-3))(model.x0).jaxpr)
 
     x_start = model.x0 + 1e-2 * jnp.arange(1.0, 9.0) / 8

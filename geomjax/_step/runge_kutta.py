@@ -57,12 +57,6 @@ def _operation_count(jaxpr) -> int:
     return sum(1 + sum(_operation_count(sub) for sub in jax.extend.core.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
 
 
-def small_field(field, t, z) -> bool:
-    """Whether `field(t, z)` has at most `WRITTEN_OUT_MAX_OPERATIONS` operations (the
-    derived fields whose stages are written out)."""
-    return _operation_count(jax.make_jaxpr(field)(t, z).jaxpr) <= WRITTEN_OUT_MAX_OPERATIONS
-
-
 class ExplicitRungeKutta(FieldStep):
     """z_{n+1} = z_n + h Σ b_i k_i, k_i = X(z_n + h Σ_j a_ij k_j), for a field X.
 
@@ -87,21 +81,50 @@ class ExplicitRungeKutta(FieldStep):
     tableau: ButcherTableau
 
     def advance(self, t, z, h, args):
+        field = self._rhs(args)
+        layout = self._layout(t, z, field)
+        if layout == "written out":
+            return self._written_out(t, z, h, field), ok_status()
+        return self._looped(t, z, h, field, checkpoint_stages=layout == "checkpointed"), ok_status()
+
+    def stage_layout(self, t, z, args=None) -> str:
+        """How `advance` runs the stages at the state `z` (pieces): `"written out"` (one
+        stage, or a derived field of at most `WRITTEN_OUT_MAX_OPERATIONS` operations),
+        `"checkpointed"` (a larger derived field: a loop, each stage under
+        `jax.checkpoint`) or `"looped"` (a plain callable).
+
+        Example:
+
+        ```python
+        >>> import geomjax
+        >>> chain = geomjax.models.planar_chain(2, gravity=9.81)
+        >>> rk4 = geomjax.explicit_rk(geomjax.feedback_field(chain.system, chain.x0, 2.0), geomjax.RK4)
+        >>> rk4.stage_layout(0.0, rk4.split(chain.x0))
+        'checkpointed'
+
+        ```
+        """
+        return self._layout(t, z, self._rhs(args))
+
+    def _rhs(self, args):
         def field(time, state):
             return self.field.rhs(time, state, args)
 
-        if self.tableau.stages == 1:
-            return self._written_out(t, z, h, field), ok_status()
-        if isinstance(self.field, SystemField):
+        if self.tableau.stages > 1 and isinstance(self.field, SystemField):
             # One trace of the field for all stages: a jitted closure is traced once per
             # state shape, also inside another trace (the chain of 8 links, feedback RK4:
             # lowering the run takes a fraction of the time); XLA inlines the calls.
             # Concrete arrays of the field stay constants of the trace, as without the jit.
-            field = jax.jit(field)
-            if small_field(field, t, z):
-                return self._written_out(t, z, h, field), ok_status()
-            return self._looped(t, z, h, field, checkpoint_stages=True), ok_status()
-        return self._looped(t, z, h, field), ok_status()
+            return jax.jit(field)
+        return field
+
+    def _layout(self, t, z, field) -> str:
+        if self.tableau.stages == 1:
+            return "written out"
+        if not isinstance(self.field, SystemField):
+            return "looped"
+        small = _operation_count(jax.make_jaxpr(field)(t, z).jaxpr) <= WRITTEN_OUT_MAX_OPERATIONS
+        return "written out" if small else "checkpointed"
 
     def _written_out(self, t, z, h, field):
         def combine(coeffs, ks):

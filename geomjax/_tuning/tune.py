@@ -16,7 +16,7 @@ from jax.flatten_util import ravel_pytree
 from .._driver.grid import zipped
 from .._driver.sweep import sweep
 from .._step.methods import build_step
-from .._step.runge_kutta import ExplicitRungeKutta, small_field
+from .._step.runge_kutta import ExplicitRungeKutta
 from .._field.adaptive_gain import scale_gains
 from .._field.feedback import AbstractFeedbackField
 from .._validate import as_state
@@ -231,9 +231,9 @@ def _forward_mode_pays(field, method, x0) -> bool:
     one parameter, B = 16–256: 11.8–32.6× the forward run against 7.0–8.5×; stages
     written out instead of looped, 17.9× against 6.4×)."""
     step = build_step(method, field) if isinstance(method, str) else None
-    if not isinstance(step, ExplicitRungeKutta) or step.tableau.stages == 1:
+    if not isinstance(step, ExplicitRungeKutta):
         return True
-    return small_field(lambda t, z: field.rhs(t, z, None), 0.0, field.split(jnp.asarray(x0)))
+    return step.stage_layout(0.0, step.split(jnp.asarray(x0))) != "checkpointed"
 
 
 @eqx.filter_jit
