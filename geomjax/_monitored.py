@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._validate import is_concrete
+from ._validate import known
 from .internal.simplify import scalar_graph
 
 
@@ -104,9 +104,9 @@ def check_on_constraint_set(monitored, x0, start_tol, residuals=None) -> None:
     if start_tol is None:
         return
     res = _residuals(monitored, x0) if residuals is None else residuals
-    if not (res.shape[0] and is_concrete(res)):
+    res, x = known(res), known(x0)
+    if res is None or x is None or not res.shape[0]:
         return
-    res, x = np.asarray(res), np.asarray(x0)
     scale = 1.0 + float(np.max(np.abs(x)))
     worst = float(np.max(np.abs(res)))
     if not worst <= start_tol * scale:

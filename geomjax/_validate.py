@@ -10,6 +10,59 @@ def is_concrete(x) -> bool:
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
+def known(x) -> np.ndarray | None:
+    """The value of the array `x` as a NumPy array when it is known now, else None.
+
+    Known: concrete arrays, and the tracers of transformations that evaluate as they go
+    (`jax.grad`, `jax.jvp`, `jax.jacfwd` outside `jit`), whose primal values are concrete.
+    Unknown: values traced by `jax.jit` or batched by `jax.vmap`, including values a
+    function computes from a parameter it closes over. Checks read values through this
+    function, never through `np.asarray` of a tracer.
+
+    Example:
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> from geomjax._validate import known
+    >>> float(known(jnp.array(2.0)))
+    2.0
+    >>> jax.grad(lambda a: (print(known(a * 3.0)), a)[1])(1.0)   # under eager grad: known
+    3.0
+    Array(1., dtype=float64, weak_type=True)
+    >>> _ = jax.jit(lambda a: print(known(a * 3.0)))(1.0)       # under jit: not yet
+    None
+
+    ```
+    """
+    if not isinstance(x, jax.core.Tracer):
+        return np.asarray(x)
+    value = _concrete_value(x)
+    return None if value is None else np.asarray(value)
+
+
+def _concrete_value(tracer):
+    # JAX's own test for "is this traced value known now" (what `bool(tracer)` uses).
+    from jax._src import core
+
+    try:
+        return core.to_concrete_value(tracer)
+    except Exception:  # an internal API: if it changes, values count as unknown
+        return None
+
+
+class TracedValue(Exception):
+    """A value a start check needs is traced (not known until the run): the check is left
+    to the run, which reports a bad start as its status at step 0."""
+
+
+def host(x) -> np.ndarray:
+    """`known(x)`, raising `TracedValue` when the value is not known now."""
+    value = known(x)
+    if value is None:
+        raise TracedValue
+    return value
+
+
 def host_array(value) -> jax.Array:
     """A concrete value as a float64 jax array, converted on the host.
 
@@ -70,9 +123,9 @@ def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> 
     evaluated. A traced matrix (parameters under jit/vmap/grad) cannot be checked eagerly
     and is let through.
     """
-    if not is_concrete(matrix):
+    c = known(matrix)
+    if c is None:
         return
-    c = np.asarray(matrix)
     if not np.all(np.isfinite(c)):
         raise ValueError(f"{what} is not finite {where}: the functions or their gradients give NaN/inf there")
     sv = np.linalg.svd(c, compute_uv=False)
@@ -117,6 +170,9 @@ def trace_user_function(fn, spec, what: str):
     """`jax.eval_shape(fn, spec)`, turning JAX's tracer errors into a TypeError that says
     what is wrong with the user function `what` and how to fix it."""
     try:
-        return jax.eval_shape(fn, spec)
+        # Through a fresh function: `jax.eval_shape` caches on the function it is given,
+        # and looking up a bound method of a module whose leaves are tracers compares
+        # the tracers (a TracerBoolConversionError under `jit(grad)`).
+        return jax.eval_shape(lambda a: fn(a), spec)
     except _TRACE_ERRORS as err:
         raise TypeError(untraceable_message(what, err)) from err

@@ -38,10 +38,11 @@ from .batched import BatchedStep, vmap_keep_shared
 from .common import FAILED_STEP, OK, STATUS, STEPS, Monitor, begin, code_of, compiled_call, solution_from_record
 from .flagged import flag_failed
 from .pallas_loop import constant_status, pallas_steps
-from .solution import IntegrationError, Solution
+from .solution import Solution, raise_if_failed
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
-from .._validate import as_state, check_positive_step, is_concrete
+from .._validate import TracedValue, as_state, check_positive_step, is_concrete
+from ..internal.closure import custom_jvp_by_reference
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
 # that Ctrl-C and progress bars act between chunks.
@@ -230,16 +231,15 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
         entries = per_entry(s)
         return _in_layout_of(s, entries, _exact_steps(entries, h, t, a, block, checkpoint))
 
-    @jax.custom_jvp
-    def run(dyn, z, record):
+    def fast(dyn, z, record):
         s, h, t, a = rebuild(dyn)
         exact = _exact_steps(s, h, t, a, block, False)
         return _fast_steps(s, h, t, a, block, exact, unroll)(z, record)
 
-    @run.defjvp
-    def run_jvp(primals, tangents):
-        return jax.jvp(lambda d, z, r: exact_of(d)(z, r), primals, tangents)
-
+    # Values from the fast loop, derivatives from the exact one, with respect to the
+    # explicit inputs and to whatever the user's functions close over (a parameter traced
+    # by an enclosing `jax.grad`): `custom_jvp_by_reference` makes those inputs too.
+    run = custom_jvp_by_reference(fast, lambda d, z, r: exact_of(d)(z, r))
     return lambda z, record: run(dyn, z, record)
 
 
@@ -395,8 +395,8 @@ def _check_start(target, x0, start_tol) -> None:
     entry = _PASSED.get(id(target))
     if entry is not None and entry[0]() is target and key in entry[1]:
         return
-    target.check(x0)
-    check_on_constraint_set(target, x0, start_tol)
+    if not _checked_now(target, x0, start_tol):
+        return
     if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(target)):
         return
     try:
@@ -407,6 +407,26 @@ def _check_start(target, x0, start_tol) -> None:
         entry = _PASSED[id(target)] = (ref, set())
     if len(entry[1]) < _MAX_PASSED:
         entry[1].add(key)
+
+
+# What a start check raises when a value it needs is traced: `TracedValue` from the
+# checks that read values through `geomjax._validate.host`, JAX's own errors from any
+# that convert a tracer.
+_TRACED = (TracedValue, jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
+
+
+def _checked_now(target, x0, start_tol) -> bool:
+    """Run the start checks of `target` at the concrete `x0` now. False when a value they
+    need is traced: inside an enclosing `jit` (where values computed from x0 are staged),
+    or where the target's functions close over a parameter of an enclosing `jit` or
+    `vmap`. Then the run checks its start itself and reports a bad one as its status at
+    step 0, as for a traced x0."""
+    try:
+        target.check(x0)
+        check_on_constraint_set(target, x0, start_tol)
+    except _TRACED:
+        return False
+    return True
 
 
 def _as_count(value, name: str) -> int:
@@ -534,10 +554,5 @@ def integrate(
             target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol
         )
     if throw:
-        if is_concrete(sol.status):
-            # One device-to-host transfer decides.
-            if np.any(np.asarray(sol.status) != 0):
-                raise IntegrationError(sol.message, sol)
-        else:
-            sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
+        sol = raise_if_failed(sol)
     return sol

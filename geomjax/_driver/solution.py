@@ -4,7 +4,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._status import RESULTS, status_names
+from .._status import RESULTS, from_code, status_names
+from .._validate import known
 
 
 class IntegrationError(RuntimeError):
@@ -85,17 +86,42 @@ class Solution(eqx.Module):
     @property
     def message(self) -> str:
         """A sentence saying whether the run succeeded and, if not, where and why it failed."""
-        status = np.asarray(self.status)
-        if status.ndim:
-            bad = np.flatnonzero(status != 0)
-            if not bad.size:
-                return f"all {status.size} runs succeeded"
-            first = int(bad[0])
-            sub = jax.tree_util.tree_map(lambda a: a[first] if getattr(a, "ndim", 0) else a, self)
-            return f"{bad.size} of {status.size} runs failed; run {first}: {sub.message}"
-        if int(status) == 0:
-            return "success"
-        step = int(np.asarray(self.failed_step))
-        t = float(np.asarray(self.t0) + step * np.asarray(self.dt))
-        where = "at the start (step 0)" if step == 0 else f"at step {step} (t = {t:.6g})"
-        return f"integration failed {where}: {RESULTS[self.result]}"
+        status = known(self.status)
+        if status is None:
+            raise TypeError(
+                "Solution.message reads the run's status, which is traced here (inside jit or "
+                "vmap): return the Solution from the transformed function and read the message "
+                "outside, or use sol.result / sol.status, which work under jit and vmap"
+            )
+        return _message(self, status)
+
+
+def raise_if_failed(sol: Solution) -> Solution:
+    """`sol`, after raising `IntegrationError` if the run failed.
+
+    Where the status is known now (a run outside `jit`, also under an eager `jax.grad`)
+    the error is raised here, with `sol.message`; inside `jit` or `vmap` the run carries
+    an `equinox.error_if` with the same sentence, raised when the compiled program runs.
+    """
+    status = known(sol.status)
+    if status is not None:
+        if np.any(status != 0):
+            raise IntegrationError(_message(sol, status), sol)
+        return sol
+    return sol.result.error_if(sol, sol.result != RESULTS.successful)
+
+
+def _message(sol: Solution, status: np.ndarray) -> str:
+    if status.ndim:
+        bad = np.flatnonzero(status != 0)
+        if not bad.size:
+            return f"all {status.size} runs succeeded"
+        first = int(bad[0])
+        sub = jax.tree_util.tree_map(lambda a: a[first] if getattr(a, "ndim", 0) else a, sol)
+        return f"{bad.size} of {status.size} runs failed; run {first}: {_message(sub, status[first])}"
+    if int(status) == 0:
+        return "success"
+    step = int(known(sol.failed_step))
+    t = float(known(sol.t0) + step * known(sol.dt))
+    where = "at the start (step 0)" if step == 0 else f"at step {step} (t = {t:.6g})"
+    return f"integration failed {where}: {RESULTS[from_code(int(status))]}"

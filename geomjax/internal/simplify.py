@@ -1196,7 +1196,13 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
             lambda p, t: jax.jvp(original, p, t)[1], (primals, tangents), False,
             linear=len(traced), fallback=lambda p, t: jax.jvp(emitted, p, t)[1],
         )
-        return emitted(*primals), out_tangents
+        # The primal outputs are the function's own call: under `vmap` JAX lays out a
+        # custom_jvp's outputs by the batch axes of its rule's primal outputs but stages
+        # them by its function's (JAX 0.10), so the two must be the same computation
+        # (`emitted` evaluated again can batch differently inside the rule's graph: a
+        # `jax.grad` of a `vmap` over gains read the invariants transposed). Only a
+        # higher derivative differentiates this inner call.
+        return simplified(*primals), out_tangents
 
     simplified.defjvp(_jvp, symbolic_zeros=True)
     return simplified([values[i] for i in traced])

@@ -1,0 +1,263 @@
+"""Closed-over values are parameters: for every family of field and step, a parameter the
+user's function reaches by closure (as JAX users write it) differentiates as the same
+parameter passed explicitly (`jax.tree_util.Partial`) and as central differences, under
+`jax.grad`, `jax.jit(jax.grad)`, `jax.jacfwd` and `jax.vmap`.
+
+Each case is `loss(wrap, p)`: `wrap(f, p)` makes the user's function from `f(p, ...)`,
+either as a closure `lambda *a: f(p, *a)` or as `Partial(f, p)` (an explicit pytree leaf).
+"""
+
+import geomjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.tree_util import Partial
+
+
+def closure(f, p):
+    return lambda *a: f(p, *a)
+
+
+def explicit(f, p):
+    return Partial(f, p)
+
+
+SPHERE_X0 = jnp.array([0.0, 1.0, 0.0, 1.0, 0.0, -1.0])  # |q| = 1, q·p = 0, moving
+
+
+def _pendulum_hamiltonian(g, x):
+    return 0.5 * x[3:] @ x[3:] + g * x[2] + 0.05 * g**2 * x[0] ** 2
+
+
+def _sphere(q):
+    return jnp.stack([q @ q - 1.0])
+
+
+def _holonomic_system(wrap, p):
+    return geomjax.System(wrap(_pendulum_hamiltonian, p), geomjax.canonical(3), holonomic=_sphere)
+
+
+def _final(sol):
+    return sol.xs[-1] @ jnp.array([0.3, 1.0, 1.7, -0.4, 0.8, 1.1])
+
+
+# Six steps saved every three: the driver's save blocks (custom derivatives) are used.
+DT = 0.02
+
+
+def run(dt):
+    return dict(dt=dt, steps=6, save_every=3)
+
+
+def dirac_euler(wrap, p, dt=DT):
+    field = geomjax.dirac_field(_holonomic_system(wrap, p))
+    return _final(geomjax.integrate(field, SPHERE_X0, method="euler", **run(dt)))
+
+
+def dirac_gauss4(wrap, p, dt=DT):
+    field = geomjax.dirac_field(_holonomic_system(wrap, p))
+    return _final(geomjax.integrate(field, SPHERE_X0, method="gauss4", **run(dt)))
+
+
+def feedback_rk4(wrap, p, dt=DT):
+    field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=5.0)
+    return _final(geomjax.integrate(field, SPHERE_X0, method="rk4", **run(dt)))
+
+
+def feedback_gauss2(wrap, p, dt=DT):
+    field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=5.0)
+    return _final(geomjax.integrate(field, SPHERE_X0, method="gauss2", **run(dt)))
+
+
+def _oscillator_hamiltonian(eps, x):
+    q, m = x[:3], x[3:]
+    return 0.5 * (m @ m + q @ q) + 0.5 * eps * q[0] ** 2 * q[2] ** 2
+
+
+def _oscillator_forms(q):
+    return jnp.stack([jnp.stack([1.0, 0.0 * q[0], q[1]])])
+
+
+OSC_X0 = jnp.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.5])
+
+
+def _nonholonomic_system(wrap, p):
+    return geomjax.System(wrap(_oscillator_hamiltonian, p), geomjax.canonical(3), nonholonomic=_oscillator_forms)
+
+
+def nonholonomic_euler(wrap, p, dt=DT):
+    field = geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
+    return _final(geomjax.integrate(field, OSC_X0, method="euler", **run(dt)))
+
+
+def nonholonomic_gauss2(wrap, p, dt=DT):
+    field = geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
+    return _final(geomjax.integrate(field, OSC_X0, method="gauss2", **run(dt)))
+
+
+def rattle(wrap, p, dt=DT):
+    return _final(geomjax.integrate(geomjax.rattle(_holonomic_system(wrap, p)), SPHERE_X0, **run(dt)))
+
+
+def shake(wrap, p, dt=DT):
+    return _final(geomjax.integrate(geomjax.shake(_holonomic_system(wrap, p)), SPHERE_X0, **run(dt)))
+
+
+def dla(wrap, p, dt=DT):
+    return _final(geomjax.integrate(geomjax.dla(_nonholonomic_system(wrap, p)), OSC_X0, **run(dt)))
+
+
+def _kick(k, x, h):
+    return jnp.concatenate([x[:3], x[3:] - h * k * x[:3]])
+
+
+def _drift(x, h):
+    return jnp.concatenate([x[:3] + h * x[3:], x[3:]])
+
+
+def strang(wrap, p, dt=DT):
+    step = geomjax.strang(geomjax.FunctionStep(wrap(_kick, p)), geomjax.FunctionStep(_drift))
+    return _final(geomjax.integrate(step, SPHERE_X0, **run(dt)))
+
+
+def _damped_lagrangian(alpha, q, v, z):
+    return 0.5 * v @ v - 0.5 * q @ q - 0.2 * q[0] ** 4 - alpha * z
+
+
+def herglotz(wrap, p, dt=DT):
+    sol = geomjax.integrate(geomjax.herglotz(wrap(_damped_lagrangian, p), order=2), jnp.array([1.0, 0.3, 0.0]), **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7, 0.4])
+
+
+def _force(alpha, q, v, t):
+    return -alpha * v
+
+
+def forced_dla(wrap, p, dt=DT):
+    L = lambda q, v: 0.5 * v @ v - 0.5 * q @ q - 0.2 * q[0] ** 4
+    sol = geomjax.integrate(geomjax.forced_dla(L, force=wrap(_force, p)), jnp.array([1.0, 0.3]), **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7])
+
+
+def _contact_potential(k, q, t):
+    return 0.5 * k * q @ q + 0.1 * q[0] ** 4
+
+
+def contact_splitting(wrap, p, dt=DT):
+    step = geomjax.contact_splitting(wrap(_contact_potential, p), lambda t: 0.1, order=2)
+    sol = geomjax.integrate(step, jnp.array([1.0, 0.2, 0.0]), **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7, 0.4])
+
+
+def _planar_lagrangian(g, q, v):
+    return 0.5 * v @ v - g * q[1]
+
+
+def _circle(q):
+    return jnp.stack([q @ q - 1.0])
+
+
+PLANAR_X0 = jnp.array([jnp.sin(0.5), -jnp.cos(0.5), 0.0, 0.0])
+
+
+def dirac1(wrap, p, dt=DT):
+    sol = geomjax.integrate(geomjax.dirac1(wrap(_planar_lagrangian, p), holonomic=_circle), PLANAR_X0, **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7, 0.4, -0.3])
+
+
+def dirac2(wrap, p, dt=DT):
+    sol = geomjax.integrate(geomjax.dirac2(wrap(_planar_lagrangian, p), holonomic=_circle), PLANAR_X0, **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7, 0.4, -0.3])
+
+
+def dirac_rk(wrap, p, dt=DT):
+    step = geomjax.dirac_rk(wrap(_planar_lagrangian, p), "gauss", 2, holonomic=_circle)
+    sol = geomjax.integrate(step, PLANAR_X0, **run(dt))
+    return sol.xs[-1] @ jnp.array([1.0, 0.7, 0.4, -0.3])
+
+
+def sweep(wrap, p, dt=DT):
+    def member(gain):
+        field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=gain)
+        return field, SPHERE_X0
+
+    result = geomjax.sweep(member, geomjax.product(gain=[2.0, 5.0]), **run(dt))
+    return jnp.sum(result.xs[..., -1, :] @ jnp.array([0.3, 1.0, 1.7, -0.4, 0.8, 1.1]))
+
+
+def _time_field(k, t, x, args):
+    return jnp.concatenate([x[3:], -k * x[:3] * (1.0 + 0.1 * jnp.sin(t))])
+
+
+def time_field(wrap, p, dt=DT):
+    return _final(geomjax.integrate(geomjax.TimeField(wrap(_time_field, p)), SPHERE_X0, method="rk4", **run(dt)))
+
+
+def _user_step(k, x, h):
+    return x + h * jnp.concatenate([x[3:], -k * x[:3]])
+
+
+def user_step(wrap, p, dt=DT):
+    return _final(geomjax.integrate(wrap(_user_step, p), SPHERE_X0, method="step", **run(dt)))
+
+
+CASES = [
+    dirac_euler, dirac_gauss4, feedback_rk4, feedback_gauss2, nonholonomic_euler, nonholonomic_gauss2,
+    rattle, shake, dla, strang, herglotz, forced_dla, contact_splitting, dirac1, dirac2, dirac_rk,
+    sweep, time_field, user_step,
+]
+P = 1.3
+
+
+def _close(a, b, rtol):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.all(np.isfinite(a)) and np.max(np.abs(a - b)) <= rtol * max(np.max(np.abs(b)), 1e-3)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+def test_a_closed_over_parameter_differentiates_as_an_explicit_one(case):
+    closed = lambda p: case(closure, p)
+    passed = lambda p: case(explicit, p)
+    value = jax.jit(closed)
+    eps = 1e-5
+    fd = (float(value(P + eps)) - float(value(P - eps))) / (2 * eps)
+    reference = float(jax.jit(jax.grad(passed))(P))
+    assert abs(fd) > 1e-4, "the loss hardly depends on the parameter: no check"
+    assert _close(reference, fd, 1e-6), (reference, fd)
+    derivatives = {
+        "grad": jax.grad(closed)(P),
+        "jit(grad)": jax.jit(jax.grad(closed))(P),
+        "jit(jacfwd)": jax.jit(jax.jacfwd(closed))(P),
+    }
+    for name, d in derivatives.items():
+        assert _close(d, reference, 1e-9), (name, float(d), reference, fd)
+    ps = jnp.array([P, 0.8 * P])
+    batched = jax.jit(jax.vmap(closed))(ps)
+    assert _close(batched, jnp.array([value(ps[0]), value(ps[1])]), 1e-12), batched
+
+
+def test_the_hessian_of_a_closed_over_parameter():
+    closed = lambda p: feedback_rk4(closure, p)
+    passed = lambda p: feedback_rk4(explicit, p)
+    h = jax.jit(jax.hessian(closed))(P)
+    assert _close(h, jax.jit(jax.hessian(passed))(P), 1e-8)
+    g = jax.jit(jax.grad(passed))
+    assert _close(h, (g(P + 1e-4) - g(P - 1e-4)) / 2e-4, 1e-5)
+
+
+def test_two_closures_over_different_values_give_different_runs():
+    # The same code, the same shapes, two closed-over values in one process: neither a
+    # compiled program nor a simplified graph may be reused for the other value.
+    runs = [float(dirac_euler(closure, p)) for p in (1.0, 2.0, 1.0)]
+    assert runs[0] != runs[1] and runs[0] == runs[2]
+    grads = [float(jax.jit(jax.grad(lambda p: dirac_euler(closure, p)))(p)) for p in (1.0, 2.0)]
+    assert grads[0] != grads[1]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+def test_a_traced_step_size_with_a_concrete_start(case):
+    # x0 and the parameters concrete (closed over), dt traced by jit: the start checks
+    # must not read traced values with NumPy (they are left to the run's own status).
+    traced = jax.jit(lambda dt: case(explicit, P, dt))(DT)
+    assert _close(traced, case(explicit, P, DT), 1e-12)
