@@ -55,6 +55,24 @@ class TracedValue(Exception):
     to the run, which reports a bad start as its status at step 0."""
 
 
+#: What a check raises when a value it needs is traced: `TracedValue` from checks that
+#: read values through `host`, JAX's own errors from code that converts a tracer.
+TRACED_VALUE_ERRORS = (TracedValue, jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
+
+
+def checked_where_known(check, *args) -> bool:
+    """Run the eager check `check(*args)` (it raises a clear error for bad input). False,
+    and nothing raised, when a value it needs is traced: inside an enclosing `jit` (where
+    values computed even from concrete inputs are staged), or where a user function
+    closes over a parameter of an enclosing `jit` or `vmap`. The caller then leaves the
+    check to the run, which reports a bad start as its status at step 0."""
+    try:
+        check(*args)
+    except TRACED_VALUE_ERRORS:
+        return False
+    return True
+
+
 def host(x) -> np.ndarray:
     """`known(x)`, raising `TracedValue` when the value is not known now."""
     value = known(x)

@@ -7,10 +7,12 @@ Each case is `loss(wrap, p)`: `wrap(f, p)` makes the user's function from `f(p, 
 either as a closure `lambda *a: f(p, *a)` or as `Partial(f, p)` (an explicit pytree leaf).
 """
 
+import equinox as eqx
 import geomjax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.tree_util import Partial
 
@@ -94,6 +96,41 @@ def nonholonomic_euler(wrap, p, dt=DT):
 def nonholonomic_gauss2(wrap, p, dt=DT):
     field = geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
     return _final(geomjax.integrate(field, OSC_X0, method="gauss2", **run(dt)))
+
+
+def _scaled_sphere(s, q):
+    return s * jnp.stack([q @ q - 1.0])  # the same constraint set for every s ≠ 0
+
+
+def _vertical_momentum(s, x):
+    return s * (x[0] * x[4] - x[1] * x[3])
+
+
+def _metric(s, x):
+    return 1.0 + 0.1 * s * x[2] ** 2
+
+
+def feedback_everything(wrap, p, dt=DT):
+    # The parameter in every user function of a feedback field: H, g, an integral, L(x).
+    system = geomjax.System(
+        wrap(_pendulum_hamiltonian, p), geomjax.canonical(3), holonomic=wrap(_scaled_sphere, p),
+        integrals=wrap(_vertical_momentum, p),
+    )
+    field = geomjax.feedback_field(system, SPHERE_X0, gains=5.0, metric=wrap(_metric, p))
+    return _final(geomjax.integrate(field, SPHERE_X0, method="euler", **run(dt)))
+
+
+def _scaled_forms(s, q):
+    return s * _oscillator_forms(q)
+
+
+def nonholonomic_feedback(wrap, p, dt=DT):
+    # The parameter in the constraint one-forms ω(q) (the same distribution for s ≠ 0).
+    system = geomjax.System(
+        Partial(_oscillator_hamiltonian, 0.3), geomjax.canonical(3), nonholonomic=wrap(_scaled_forms, p)
+    )
+    field = geomjax.feedback_field(system, OSC_X0, gains=5.0)
+    return _final(geomjax.integrate(field, OSC_X0, method="euler", **run(dt)))
 
 
 def rattle(wrap, p, dt=DT):
@@ -203,7 +240,8 @@ def user_step(wrap, p, dt=DT):
 
 
 CASES = [
-    dirac_euler, dirac_gauss4, feedback_rk4, feedback_gauss2, nonholonomic_euler, nonholonomic_gauss2,
+    dirac_euler, dirac_gauss4, feedback_rk4, feedback_gauss2, feedback_everything, nonholonomic_euler,
+    nonholonomic_gauss2, nonholonomic_feedback,
     rattle, shake, dla, strang, herglotz, forced_dla, contact_splitting, dirac1, dirac2, dirac_rk,
     sweep, time_field, user_step,
 ]
@@ -215,26 +253,27 @@ def _close(a, b, rtol):
     return np.all(np.isfinite(a)) and np.max(np.abs(a - b)) <= rtol * max(np.max(np.abs(b)), 1e-3)
 
 
+EPS = 1e-5
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
 def test_a_closed_over_parameter_differentiates_as_an_explicit_one(case):
-    closed = lambda p: case(closure, p)
+    closed = lambda p, dt=DT: case(closure, p, dt)
     passed = lambda p: case(explicit, p)
-    value = jax.jit(closed)
-    eps = 1e-5
-    fd = (float(value(P + eps)) - float(value(P - eps))) / (2 * eps)
-    reference = float(jax.jit(jax.grad(passed))(P))
-    assert abs(fd) > 1e-4, "the loss hardly depends on the parameter: no check"
+    # One program for the values: vmap over the closed-over value, dt traced with x0
+    # concrete (the start checks must leave traced values to the run's own status).
+    ps = jnp.array([P + EPS, P - EPS, P, 0.8 * P])
+    values = jax.jit(jax.vmap(closed, in_axes=(0, None)))(ps, DT)
+    value, reference = jax.jit(jax.value_and_grad(passed))(P)
+    fd = (values[0] - values[1]) / (2 * EPS)
+    assert _close(values[2], value, 1e-12), (values[2], value)
+    assert _close(values[3], jax.jit(closed)(0.8 * P), 1e-12)
+    assert abs(fd) > 1e-5, "the loss hardly depends on the parameter: no check"
     assert _close(reference, fd, 1e-6), (reference, fd)
-    derivatives = {
-        "grad": jax.grad(closed)(P),
-        "jit(grad)": jax.jit(jax.grad(closed))(P),
-        "jit(jacfwd)": jax.jit(jax.jacfwd(closed))(P),
-    }
+    derivatives = dict(zip(["jit(grad)", "jit(jacfwd)"], jax.jit(lambda p: (jax.grad(closed)(p), jax.jacfwd(closed)(p)))(P)))
+    derivatives["grad"] = jax.grad(closed)(P)
     for name, d in derivatives.items():
         assert _close(d, reference, 1e-9), (name, float(d), reference, fd)
-    ps = jnp.array([P, 0.8 * P])
-    batched = jax.jit(jax.vmap(closed))(ps)
-    assert _close(batched, jnp.array([value(ps[0]), value(ps[1])]), 1e-12), batched
 
 
 def test_the_hessian_of_a_closed_over_parameter():
@@ -255,9 +294,35 @@ def test_two_closures_over_different_values_give_different_runs():
     assert grads[0] != grads[1]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-def test_a_traced_step_size_with_a_concrete_start(case):
-    # x0 and the parameters concrete (closed over), dt traced by jit: the start checks
-    # must not read traced values with NumPy (they are left to the run's own status).
-    traced = jax.jit(lambda dt: case(explicit, P, dt))(DT)
-    assert _close(traced, case(explicit, P, DT), 1e-12)
+class _WeightedEnergyError(eqx.Module):
+    """The tuning objective with its weight as an explicit pytree leaf."""
+
+    weight: jax.Array
+
+    def __call__(self, xs, x0):
+        return self.weight * (_pendulum_hamiltonian(1.0, xs[-1]) - _pendulum_hamiltonian(1.0, x0)) ** 2 + xs[-1, 2] ** 2
+
+
+def test_a_tuning_objective_that_closes_over_an_array():
+    # tune_gains differentiates the user's objective with respect to the gains: a weight
+    # the objective closes over is the same as the weight as a leaf, and two objectives
+    # closing over different weights (same code) are two objectives.
+    field = geomjax.feedback_field(_holonomic_system(explicit, 1.0), SPHERE_X0, gains=1.0)
+    starts = np.stack([SPHERE_X0, SPHERE_X0 * np.array([1, 1, 1, 0.8, 1, 0.8])])
+
+    def tune(objective):
+        tuned = geomjax.tune_gains(field, starts, dt=0.02, steps=20, iterations=2, gains="scalar",
+                                   objective=objective, optimizer=optax.sgd(0.5))
+        return np.asarray(tuned.history["objective"]), np.asarray(tuned.history["gains"])
+
+    def closing_over(weight):
+        def objective(xs, x0):
+            return _WeightedEnergyError(weight)(xs, x0)
+        return objective
+
+    closed = tune(closing_over(jnp.asarray(3.0)))
+    leaf = tune(_WeightedEnergyError(jnp.asarray(3.0)))
+    other = tune(closing_over(jnp.asarray(300.0)))
+    np.testing.assert_allclose(closed[0], leaf[0], rtol=1e-12)
+    np.testing.assert_allclose(closed[1], leaf[1], rtol=1e-12)
+    assert not np.allclose(closed[0], other[0]) and not np.allclose(closed[1][1:], other[1][1:])

@@ -202,17 +202,18 @@ def batch_members(make, members: dict, axis: int, size: int, loop: str = "scan")
     return BatchedStep(step, step_axes, axis, size, loop), x0
 
 
-def holds_member_values(tree, depth: int = 8) -> bool:
-    """True when the non-array parts of `tree` (functions and what they close over) hold a
-    traced value, e.g. a swept parameter captured by a user's lambda (a value traced outside
-    the sweep counts too: the caller then builds and runs each member in one trace)."""
-    seen = set()
+def reachable_tracers(tree, depth: int = 8) -> dict:
+    """{id: tracer} of the traced values reachable from `tree` through its non-array
+    parts: functions and what they close over (cells, defaults, `functools.partial` and
+    `Partial` arguments, bound methods), containers and modules."""
+    seen, found = set(), {}
 
     def visit(obj, d):
         if isinstance(obj, jax.core.Tracer):
-            return True
+            found[id(obj)] = obj
+            return
         if d == 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, complex, type)) or obj is None:
-            return False
+            return
         seen.add(id(obj))
         children = []
         if isinstance(obj, (list, tuple, set, frozenset)):
@@ -230,9 +231,19 @@ def holds_member_values(tree, depth: int = 8) -> bool:
             children += list(getattr(obj, "__defaults__", None) or ())
             children += list((getattr(obj, "__kwdefaults__", None) or {}).values())
             children += [getattr(obj, a) for a in ("func", "args", "keywords") if hasattr(obj, a)]  # functools.partial
-        return any(visit(c, d - 1) for c in children)
+        for c in children:
+            visit(c, d - 1)
 
-    return visit(tree, depth)
+    visit(tree, depth)
+    return found
+
+
+def holds_member_values(tree, outer=(), depth: int = 8) -> bool:
+    """True when the non-array parts of `tree` (functions and what they close over) hold a
+    traced value other than those in `outer` (the ids of values traced outside the
+    sweep, which `build` itself closes over): a swept parameter captured by a user's
+    lambda, which cannot leave the `vmap` that built it."""
+    return any(i not in outer for i in reachable_tracers(tree, depth))
 
 
 def _filled(cell) -> bool:

@@ -41,7 +41,7 @@ from .pallas_loop import constant_status, pallas_steps
 from .solution import Solution, raise_if_failed
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
-from .._validate import TracedValue, as_state, check_positive_step, is_concrete
+from .._validate import as_state, check_positive_step, checked_where_known, is_concrete
 from ..internal.closure import custom_jvp_by_reference
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
@@ -395,7 +395,7 @@ def _check_start(target, x0, start_tol) -> None:
     entry = _PASSED.get(id(target))
     if entry is not None and entry[0]() is target and key in entry[1]:
         return
-    if not _checked_now(target, x0, start_tol):
+    if not checked_where_known(_start_checks, target, x0, start_tol):
         return
     if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(target)):
         return
@@ -409,24 +409,9 @@ def _check_start(target, x0, start_tol) -> None:
         entry[1].add(key)
 
 
-# What a start check raises when a value it needs is traced: `TracedValue` from the
-# checks that read values through `geomjax._validate.host`, JAX's own errors from any
-# that convert a tracer.
-_TRACED = (TracedValue, jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
-
-
-def _checked_now(target, x0, start_tol) -> bool:
-    """Run the start checks of `target` at the concrete `x0` now. False when a value they
-    need is traced: inside an enclosing `jit` (where values computed from x0 are staged),
-    or where the target's functions close over a parameter of an enclosing `jit` or
-    `vmap`. Then the run checks its start itself and reports a bad one as its status at
-    step 0, as for a traced x0."""
-    try:
-        target.check(x0)
-        check_on_constraint_set(target, x0, start_tol)
-    except _TRACED:
-        return False
-    return True
+def _start_checks(target, x0, start_tol) -> None:
+    target.check(x0)
+    check_on_constraint_set(target, x0, start_tol)
 
 
 def _as_count(value, name: str) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
 from .._validate import as_state, check_positive_step, is_concrete
-from .batched import batch_members, holds_member_values
+from .batched import batch_members, holds_member_values, reachable_tracers
 from .common import compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _chunks, _run_fixed, _target, _whole_run
@@ -134,7 +134,10 @@ def _maker(build, method, is_step):
 def _batch(build, members, method, is_step, axis, size, loop="scan"):
     """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
     step, x0 = batch_members(_maker(build, method, is_step), members, axis, size, loop)
-    if holds_member_values(eqx.filter(step, eqx.is_array, inverse=True)):
+    # Values traced outside the sweep that build closes over (a parameter of an enclosing
+    # jax.grad or jit) may stay in the step: the driver takes them as inputs of its
+    # derivatives. Values of the members may not.
+    if holds_member_values(eqx.filter(step, eqx.is_array, inverse=True), outer=reachable_tracers(build)):
         raise _ClosesOverMember
     return step, x0
 

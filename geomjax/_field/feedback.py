@@ -14,7 +14,7 @@ from .dirac import check_constraint_matrix, start_values
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
 from .._monitored import START_TOL, check_on_constraint_set
-from .._validate import as_state, host_array, is_concrete
+from .._validate import as_state, checked_where_known, host_array, is_concrete
 
 
 def _gain_array(gains, m: int):
@@ -313,6 +313,11 @@ def resolve_target(system, x0, target, target_at, value_at_x0=None):
     return x0, (target_at(x0) if value_at_x0 is None else value_at_x0), False, m
 
 
+def _start_checks(system, x0, start):
+    check_constraint_matrix(system, x0, matrix=start[1])
+    check_on_constraint_set(system, x0, START_TOL, residuals=start[2])
+
+
 def feedback_field(
     system: System,
     x0: Float[ArrayLike, " n"] | None = None,
@@ -389,8 +394,7 @@ def feedback_field(
         system, x0, target, lambda x: _conserved_quantities(system, x), None if start is None else start[0]
     )
     if start is not None:
-        check_constraint_matrix(system, x0, matrix=start[1])
-        check_on_constraint_set(system, x0, START_TOL, residuals=start[2])
+        checked_where_known(_start_checks, system, x0, start)
     k, k_emb = split_gains(gains, m, has_embedding(system.structure), "(f, H, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return FeedbackField(system, target, k, metric, pinned, embedding_gain=k_emb)

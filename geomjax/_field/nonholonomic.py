@@ -47,7 +47,7 @@ from ..internal.simplify import MAX_INPUTS
 from .._solve.linalg import small_solve
 from .._system.nonholonomic import Derivation, check_matrix
 from .._system.system import System
-from .._validate import is_concrete
+from .._validate import checked_where_known, is_concrete
 
 
 def _require(system) -> None:
@@ -337,6 +337,11 @@ def _constraint_count(system) -> int:
     return jax.eval_shape(lambda x: system.constraint_momenta(x), spec).shape[0]
 
 
+def _start_checks(system, x0):
+    check_matrix(system, x0)
+    check_on_constraint_set(system, x0, START_TOL)
+
+
 def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, target=None) -> NonholonomicFeedbackField:
     """Feedback field of a nonholonomic system; called by `geomjax.feedback_field`.
 
@@ -357,8 +362,7 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, targe
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
     if x0 is not None and is_concrete(x0):
-        check_matrix(system, x0)
-        check_on_constraint_set(system, x0, START_TOL)
+        checked_where_known(_start_checks, system, x0)
     k_main, k_emb = split_gains(gains, m, has_embedding(system.structure), "(J, H_ext, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return NonholonomicFeedbackField(system, target, k_main, k_emb, metric, pinned)

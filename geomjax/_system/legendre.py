@@ -33,7 +33,7 @@ import numpy as np
 
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton
-from .._validate import is_concrete, require_invertible
+from .._validate import known, require_invertible
 from ..internal.sparsity import jacobian_pattern
 
 
@@ -124,8 +124,9 @@ def check_regular(f: Callable, a, v, what: str, where: str, *, probe: bool = Fal
     is let through.
     """
     w = velocity_hessian(f, a, v)
-    if not is_concrete(w):
+    values = known(w)
+    if values is None:
         return
-    if probe and not np.all(np.isfinite(np.asarray(w))):
+    if probe and not np.all(np.isfinite(values)):
         return
     require_invertible(w, what, REGULAR_HINT, where)

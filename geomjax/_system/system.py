@@ -101,9 +101,16 @@ class System(eqx.Module, metaclass=_ByKind):
       ⟨ξ_a, ∂H/∂Π⟩ = 0, force Σ λ_a ξ_a); on the left-trivialised bundles `g ↦ ω(g)`. Rows
       need not be orthonormal. See `geomjax.nonholonomic_field`.
 
-    Parameters live in the functions: closures over arrays, `jax.tree_util.Partial`, or
-    `equinox.Module` callables. Array leaves of the functions are leaves of the `System`
-    pytree, so systems can be `vmap`ped over and differentiated with respect to parameters.
+    Parameters live in the functions, written any way JAX differentiates: a closure
+    (`H = lambda x: ... + g * x[2]` inside the function you differentiate or `vmap`),
+    `jax.tree_util.Partial(H, g)`, or an `equinox.Module` callable. `jax.grad`,
+    `jax.jit(jax.grad)`, `jax.jacfwd`, `jax.hessian` and `jax.vmap` with respect to a
+    closed-over value give what they give for the value passed explicitly: geomjax's
+    custom derivative rules take every traced value the functions close over as an input
+    (`geomjax.internal.closure`). A `Partial` or a module's array leaves are also leaves
+    of the `System` pytree, so a built system can itself be `vmap`ped over or
+    differentiated; a closure's values are not leaves (they are reached only by calling
+    the function).
 
     `System(...)` returns one of the typed systems, all subclasses of `System`:
     `HamiltonianSystem` (no constraints), `HolonomicSystem` (`holonomic=g`),

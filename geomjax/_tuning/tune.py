@@ -123,11 +123,13 @@ def _reference_error(xs, x0, reference):
 
 class _Objective(eqx.Module):
     """An objective over a batch of runs: per-member values (log₁₀ of an RMS for the
-    built-in ones), the runs' settings, and the reference runs when it needs them. All
-    static, so compiled programs are cached across calls with equal settings."""
+    built-in ones), the runs' settings, and the reference runs when it needs them. The
+    settings are static, so compiled programs are cached across calls with equal
+    settings; a user objective is a field of its own, so that the arrays of an objective
+    written as a module (or a `Partial`) are traced inputs, not constants."""
 
     name: str = eqx.field(static=True)
-    user: Callable | None = eqx.field(static=True)
+    user: Callable | None
     use_log: bool = eqx.field(static=True)
     run: tuple = eqx.field(static=True)
 
