@@ -214,3 +214,23 @@ def test_blow_up_in_one_member_of_a_batch(pendulum):
     np.testing.assert_array_equal(np.asarray(sol.status) != 0, [False, True, False])
     assert int(sol.failed_step[1]) > 0 and int(sol.failed_step[0]) == -1
     assert sol.message.startswith("1 of 3 runs failed; run 1: integration failed at step")
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+@pytest.mark.parametrize("make", [geomjax.models.spherical_pendulum, geomjax.models.planar_pendulum])
+@pytest.mark.parametrize("length", [1.0, 2.0])
+def test_pendulum_flows_check_the_rod_length(make, length):
+    """The exact sub-flows keep |q| whatever it is: a start on a sphere of another radius
+    would run a pendulum of another length. They read ℓ from the model and reject it."""
+    model = make(length=length)
+    step = geomjax.strang(*geomjax.models.pendulum_flows(model))
+    n = model.x0.shape[0] // 2
+    assert geomjax.integrate(step, model.x0, dt=0.01, steps=4).ok
+    longer = model.x0.at[:n].multiply(1.1)  # q·p stays 0: only the radius is wrong
+    residual = f"{0.21 * length**2:.3g}"  # |q|² − ℓ² = (1.1² − 1) ℓ²
+    with pytest.raises(ValueError, match=f"off the constraint set.*residual is {residual}"):
+        geomjax.integrate(step, longer, dt=0.01, steps=4)
+    with pytest.raises(ValueError, match="off the constraint set"):
+        geomjax.integrate(geomjax.lie_trotter(*geomjax.models.pendulum_flows(model)), longer, dt=0.01, steps=4)

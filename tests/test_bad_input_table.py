@@ -60,6 +60,11 @@ def off_knife(c, eps):
     return c.knife.x0.at[4].add(eps)
 
 
+def long_rod(c):
+    """The pendulum start moved radially to |q|² = 1.5 (the rod has length 1; q·p stays 0)."""
+    return c.x0.at[:3].multiply(np.sqrt(1.5))
+
+
 def h_with_if(x):
     if x[0] > 0:  # Python control flow on a traced value
         return 0.5 * x[3:] @ x[3:]
@@ -184,6 +189,13 @@ ROWS = [
      status(R.off_constraint_set, 0)),
     ("off-start-tol-none", "x0 off S by 1e-6, start_tol=None", "integrate(dirac_field(holonomic=g))", lambda c: run(c.dirac_holo, off_pendulum(c, 1e-6), start_tol=None),
      ACCEPTED),
+    ("long-rod-strang", "|q|² = 1.5 for a rod of length 1 (q·p = 0)", "integrate(strang(*pendulum_flows))", lambda c: run(c.strang, long_rod(c)),
+     raises(ValueError, OFF + ".*residual is 0.5")),
+    ("long-rod-lie-trotter", "|q|² = 1.5 for a rod of length 1 (q·p = 0)", "integrate(lie_trotter(*pendulum_flows))",
+     lambda c: run(geomjax.lie_trotter(*geomjax.models.pendulum_flows(c.model)), long_rod(c)),
+     raises(ValueError, OFF + ".*residual is 0.5")),
+    ("long-rod-strang-jit", "|q|² = 1.5 for a rod of length 1, inside jit", "integrate(strang(*pendulum_flows), throw=False)", lambda c: c.run_jit(c.strang, long_rod(c), 0.01),
+     status(R.off_constraint_set, 0)),
     # ---------------------------------------------------------------- gains and metrics
     ("gain-zero", "gains = 0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=0.0),
      raises(ValueError, "gains must include a positive entry")),
