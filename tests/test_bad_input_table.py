@@ -97,6 +97,16 @@ def cartesian_phi(q):
 CARTESIAN_X0 = jnp.array([np.sin(0.5), -np.cos(0.5), 0.0, 0.0])
 
 
+def sweep_one(c, **kw):
+    """A sweep of one member (the Dirac pendulum), 4 steps."""
+    kw = {"dt": 0.01, "steps": 4, **kw}
+    return geomjax.sweep(lambda gain: (c.dirac, c.x0), geomjax.zipped(gain=[1.0]), **kw)
+
+
+#: A forced oscillator reading its forcing amplitude from args.
+FORCED = geomjax.TimeField(lambda t, x, a: jnp.stack([x[1], -x[0] + a * jnp.cos(t)]))
+
+
 def raises(exc, pattern):
     return ("raises", exc, pattern)
 
@@ -236,6 +246,34 @@ ROWS = [
      status(R.invalid_step_size, 0)),
     ("dt-negative-jit", "dt = 0 or −0.01, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(-0.01)),
      status(R.invalid_step_size, 0)),
+    ("dt-string", "dt = '0.01' (a string)", "integrate", lambda c: run(c.dirac, c.x0, dt="0.01"),
+     raises(TypeError, "dt must be a positive finite scalar, got the string '0.01'; pass a number, not text: dt=0.01")),
+    ("dt-complex", "dt = 0.01 + 0j", "integrate", lambda c: run(c.dirac, c.x0, dt=0.01 + 0j),
+     raises(TypeError, r"dt must be a positive finite scalar, got the complex number \(0.01\+0j\): geomjax steps in real time")),
+    ("drift-tol-string", "drift_tol = '1e-2' (a string)", "integrate", lambda c: run(c.dirac, c.x0, drift_tol="1e-2"),
+     raises(TypeError, "drift_tol must be a positive number .*got the string '1e-2'")),
+    ("dt-string-sweep", "dt = '0.01' (a string)", "sweep", lambda c: sweep_one(c, dt="0.01"),
+     raises(TypeError, "dt must be a positive finite scalar, got the string '0.01'")),
+    ("dt-complex-sweep", "dt = 0.01 + 0j", "sweep", lambda c: sweep_one(c, dt=0.01 + 0j),
+     raises(TypeError, "dt must be a positive finite scalar, got the complex number")),
+    ("drift-tol-string-sweep", "drift_tol = '1e-2' (a string)", "sweep", lambda c: sweep_one(c, drift_tol="1e-2"),
+     raises(TypeError, "drift_tol must be a positive number .*got the string '1e-2'")),
+    ("t0-nan", "t0 = NaN", "integrate", lambda c: run(c.dirac, c.x0, t0=float("nan")),
+     raises(ValueError, "t0 must be a finite real number .*got nan")),
+    ("t0-inf-sweep", "t0 = inf", "sweep", lambda c: sweep_one(c, t0=float("inf")),
+     raises(ValueError, "t0 must be a finite real number .*got inf")),
+    ("t0-nan-jit", "t0 = NaN, inside jit", "integrate(throw=False)",
+     lambda c: eqx.filter_jit(lambda t0: geomjax.integrate(c.dirac, c.x0, dt=0.01, steps=4, t0=t0, throw=False))(jnp.asarray(jnp.nan)),
+     status(R.invalid_step_size, 0)),
+    ("timefield-no-args", "a TimeField whose f reads args, args=None", "integrate",
+     lambda c: geomjax.integrate(FORCED, jnp.array([1.0, 0.0]), dt=0.01, steps=4),
+     raises(TypeError, r"f\(t, x, args\) uses its args, but the run was given none \(args=None\).*args=")),
+    ("timefield-no-args-sweep", "a TimeField whose f reads args, args=None", "sweep",
+     lambda c: geomjax.sweep(lambda a: (FORCED, jnp.array([1.0, a])), geomjax.zipped(a=[0.0]), dt=0.01, steps=4),
+     raises(TypeError, r"uses its args, but the run was given none")),
+    ("timefield-with-args", "the same TimeField with args=0.5", "integrate",
+     lambda c: geomjax.integrate(FORCED, jnp.array([1.0, 0.0]), dt=0.01, steps=4, args=0.5),
+     ACCEPTED),
     *[
         (f"steps-{s!r}", f"steps = {s!r}", "integrate", lambda c, s=s: run(c.dirac, c.x0, steps=s), raises(ValueError, "steps must be a positive integer"))
         for s in (0, -1, 2.5, True)
