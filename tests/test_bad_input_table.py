@@ -321,6 +321,25 @@ ROWS = [
      raises(geomjax.IntegrationError, "first integral drifted")),
     ("euler-3", "feedback Euler at 3 × euler_step_limit, drift_tol=None", "integrate", lambda c: run(c.feedback, c.x0, dt=3.0 * float(c.feedback.euler_step_limit(c.x0)), steps=40, drift_tol=None),
      raises(geomjax.IntegrationError, "non-finite after finite steps.*stability limit")),
+    # ---------------------------------------------------------------- diagnostics and results
+    *[
+        (f"constraint-matrix-{n}", f"a length-{n} state of a 6-dimensional system", "constraint_matrix",
+         lambda c, n=n: geomjax.constraint_matrix(c.model.system, jnp.ones(n)), raises(ValueError, f"x has length {n}, but the system's state has length 6"))
+        for n in (4, 8)
+    ],
+    ("sweep-message-range", "message(5) of a one-member sweep", "SweepResult.message", lambda c: sweep_one(c).message(5),
+     raises(IndexError, r"grid position \(5,\) is out of range: axis 0 has 1 member, so its index must be in 0\.\.0")),
+    ("sweep-message-axes", "message() without an index", "SweepResult.message", lambda c: sweep_one(c).message(),
+     raises(IndexError, r"one index per axis of the grid, whose shape is \(1,\)")),
+    ("drift-slope-nan", "NaN in the error series (saves after a failure)", "diagnostics.drift_slope",
+     lambda c: geomjax.diagnostics.drift_slope(np.linspace(0.0, 1.0, 20), np.r_[np.ones(17), np.full(3, np.nan)]),
+     raises(ValueError, r"errors has non-finite entries \(NaN or inf\) at indices \[17, 18, 19\].*sol.failed_step")),
+    ("drift-slope-ts-inf", "inf in the times", "diagnostics.drift_slope",
+     lambda c: geomjax.diagnostics.drift_slope(np.r_[np.linspace(0.0, 1.0, 19), np.inf], np.ones(20)),
+     raises(ValueError, r"ts has non-finite entries \(NaN or inf\) at indices \[19\]")),
+    ("invariant-errors-solution", "a Solution instead of sol.xs", "diagnostics.invariant_errors",
+     lambda c: geomjax.diagnostics.invariant_errors(c.model.system, run(c.dirac, c.x0)),
+     raises(TypeError, r"not a geomjax.Solution: pass sol.xs")),
 ]
 
 
