@@ -1,5 +1,7 @@
 """Bad input gives an error that names the problem; a run that blows up says where."""
 
+import re
+
 import geomjax
 import jax
 import jax.numpy as jnp
@@ -234,3 +236,28 @@ def test_pendulum_flows_check_the_rod_length(make, length):
         geomjax.integrate(step, longer, dt=0.01, steps=4)
     with pytest.raises(ValueError, match="off the constraint set"):
         geomjax.integrate(geomjax.lie_trotter(*geomjax.models.pendulum_flows(model)), longer, dt=0.01, steps=4)
+
+
+# ----------------------------------------------------------------------------- order conditions
+
+
+def _defect(th, y, h):
+    return h * th["a"] * y + h**2 * th["b"] * y
+
+
+def test_order_conditions_refuse_non_finite_samples_and_keep_finite_ones():
+    """A NaN in some sampled problems used to be fitted (giving conditions that no
+    sample supports); now it is an error naming the samples, and finite samples give the
+    true conditions of the same family."""
+
+    def some_nan(key):
+        y = jax.random.normal(key, (2,))
+        return jnp.where(jax.random.uniform(key) < 0.5, jnp.nan, 1.0) * y
+
+    keys = jax.random.split(jax.random.split(jax.random.key(0))[0], 4)
+    nan_samples = [i for i, k in enumerate(keys) if not np.isfinite(np.asarray(some_nan(k))).all()]
+    assert 0 < len(nan_samples) < 4  # the test exercises a partial NaN
+    with pytest.raises(ValueError, match=re.escape(f"for samples {nan_samples} of 4")):
+        geomjax.order_conditions(_defect, ("a", "b"), some_nan, [1, 2])
+    good = geomjax.order_conditions(_defect, ("a", "b"), lambda k: jax.random.normal(k, (2,)), [1, 2])
+    assert [str(c) for c in good] == ["a = 0", "b = 0"]

@@ -107,6 +107,15 @@ def sweep_one(c, **kw):
 FORCED = geomjax.TimeField(lambda t, x, a: jnp.stack([x[1], -x[0] + a * jnp.cos(t)]))
 
 
+def linear_defect(th, y, h):
+    """A defect with h-coefficients a·y and b·y: the conditions are a = 0, b = 0."""
+    return h * th["a"] * y + h**2 * th["b"] * y
+
+
+def normal_pair(key):
+    return jax.random.normal(key, (2,))
+
+
 def raises(exc, pattern):
     return ("raises", exc, pattern)
 
@@ -337,6 +346,17 @@ ROWS = [
     ("drift-slope-ts-inf", "inf in the times", "diagnostics.drift_slope",
      lambda c: geomjax.diagnostics.drift_slope(np.r_[np.linspace(0.0, 1.0, 19), np.inf], np.ones(20)),
      raises(ValueError, r"ts has non-finite entries \(NaN or inf\) at indices \[19\]")),
+    ("order-conditions-nan-sample", "sample(key) returns NaN", "order_conditions",
+     lambda c: geomjax.order_conditions(linear_defect, ("a", "b"), lambda k: jnp.full(2, jnp.nan), [1, 2]),
+     raises(ValueError, r"sample\(key\) returned non-finite values \(NaN or inf\) for samples \[0, 1, 2, 3\] of 4")),
+    ("order-conditions-nan-defect", "a defect that is NaN (0/0 in θ)", "order_conditions",
+     lambda c: geomjax.order_conditions(lambda th, y, h: h * th["a"] * y / (th["b"] - th["b"]), ("a", "b"), normal_pair, [1]),
+     raises(ValueError, r"Taylor coefficients in h are not finite .*first at θ = \(a = ")),
+    ("order-conditions-theta-range", "theta_range = (NaN, 1)", "order_conditions",
+     lambda c: geomjax.order_conditions(linear_defect, ("a", "b"), normal_pair, [1], theta_range=(np.nan, 1.0)),
+     raises(ValueError, r"theta_range must be two finite numbers lo < hi")),
+    ("random-polynomial-degree", "degree = −1", "random_polynomial", lambda c: geomjax.random_polynomial(jax.random.key(0), 2, -1),
+     raises(ValueError, "degree must be a non-negative integer .*got -1")),
     ("invariant-errors-solution", "a Solution instead of sol.xs", "diagnostics.invariant_errors",
      lambda c: geomjax.diagnostics.invariant_errors(c.model.system, run(c.dirac, c.x0)),
      raises(TypeError, r"not a geomjax.Solution: pass sol.xs")),
