@@ -190,6 +190,19 @@ def check_call_args(target, x0, args) -> None:
         hook(x0, args)
 
 
+def check_step_size(dt, name: str = "dt") -> None:
+    """Raise a clear error unless `dt` is a positive finite real scalar (where it is
+    known; a traced one is left to the run's status)."""
+    check_real(dt, name, "a positive finite scalar")
+    d = known(dt)
+    if d is not None and (d.shape != () or not np.isfinite(d) or d <= 0):
+        if isinstance(dt, (int, float, np.number)):
+            shown = repr(dt)
+        else:
+            shown = repr(float(d)) if d.shape == () else f"an array of shape {d.shape}"
+        raise ValueError(f"{name} must be a positive finite scalar, got {shown}")
+
+
 def check_positive_step(dt, steps, save_every):
     check_real(dt, "dt", "a positive finite scalar")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
@@ -198,10 +211,7 @@ def check_positive_step(dt, steps, save_every):
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
     if steps % save_every:
         raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
-    if is_concrete(dt):
-        d = np.asarray(dt)
-        if d.shape != () or not np.isfinite(d) or d <= 0:
-            raise ValueError(f"dt must be a positive finite scalar, got {dt!r}")
+    check_step_size(dt)
 
 
 def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> None:

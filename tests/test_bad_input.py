@@ -261,3 +261,31 @@ def test_order_conditions_refuse_non_finite_samples_and_keep_finite_ones():
         geomjax.order_conditions(_defect, ("a", "b"), some_nan, [1, 2])
     good = geomjax.order_conditions(_defect, ("a", "b"), lambda k: jax.random.normal(k, (2,)), [1, 2])
     assert [str(c) for c in good] == ["a = 0", "b = 0"]
+
+
+# ----------------------------------------------------------------------------- gain checks
+
+
+def test_check_gains_never_finds_nothing_wrong_in_nan(pendulum):
+    """Where the rates are NaN every comparison is False: check_gains used to return no
+    message ("nothing wrong"). A singular constraint matrix at x0 (q = 0) makes ‖DX‖ NaN."""
+    model, _, feedback = pendulum
+    with pytest.raises(ValueError, match="rates at the initial states are not finite"):
+        geomjax.check_gains(feedback, jnp.array([0.0, 0.0, 0.0, 1.0, 0.0, -1.0]), 1e-3)
+    with pytest.raises(ValueError, match=r"non-finite entries \(NaN or inf\) at rows \[1\]"):
+        geomjax.check_gains(feedback, jnp.stack([model.x0, model.x0.at[0].set(jnp.inf)]), 1e-3)
+    with pytest.raises(ValueError, match="length 4, but the field's state has length 6"):
+        geomjax.check_gains(feedback, model.x0[:4], 1e-3)
+    # the same call on a good start and step: a check with a number, no message
+    check = geomjax.check_gains(feedback, model.x0, 1e-3)
+    assert np.isfinite(check.stability_fraction) and check.messages == ()
+
+
+def test_adaptive_gain_rejects_a_bad_step_and_runs_with_a_good_one(pendulum):
+    model, _, feedback = pendulum
+    for dt in (0.0, -1e-2, np.nan, np.inf):
+        with pytest.raises(ValueError, match="dt must be a positive finite scalar"):
+            feedback.adaptive(dt=dt)
+    with pytest.raises(TypeError, match="got the string"):
+        feedback.adaptive(dt="0.01")
+    assert geomjax.integrate(feedback.adaptive(dt=1e-2), model.x0, dt=1e-2, steps=4).ok

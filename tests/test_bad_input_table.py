@@ -330,6 +330,20 @@ ROWS = [
      raises(geomjax.IntegrationError, "first integral drifted")),
     ("euler-3", "feedback Euler at 3 × euler_step_limit, drift_tol=None", "integrate", lambda c: run(c.feedback, c.x0, dt=3.0 * float(c.feedback.euler_step_limit(c.x0)), steps=40, drift_tol=None),
      raises(geomjax.IntegrationError, "non-finite after finite steps.*stability limit")),
+    # ---------------------------------------------------------------- gain checks
+    ("check-gains-dt-negative", "dt = −1", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0, -1.0),
+     raises(ValueError, "dt must be a positive finite scalar, got -1.0")),
+    ("check-gains-dt-nan", "dt = NaN", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0, float("nan")),
+     raises(ValueError, "dt must be a positive finite scalar, got nan")),
+    ("check-gains-nan-start", "NaN in x0", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0.at[2].set(jnp.nan), 1e-3),
+     raises(ValueError, r"x0 has non-finite entries \(NaN or inf\) at indices \[2\]")),
+    ("check-gains-dirac", "a Dirac field (no feedback)", "check_gains, recommended_gains", lambda c: geomjax.recommended_gains(c.dirac, c.x0, 1e-3),
+     raises(TypeError, "check_gains needs a feedback field .*got a DiracField")),
+    *[
+        (f"adaptive-dt-{dt}", f"dt = {dt}", "feedback_field(...).adaptive", lambda c, d=dt: c.feedback.adaptive(dt=d),
+         raises(ValueError, f"dt must be a positive finite scalar, got {dt}: the adaptive gain"))
+        for dt in (0.0, float("nan"))
+    ],
     # ---------------------------------------------------------------- diagnostics and results
     *[
         (f"constraint-matrix-{n}", f"a length-{n} state of a 6-dimensional system", "constraint_matrix",

@@ -14,7 +14,7 @@ from .dirac import check_constraint_matrix, start_values
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
 from .._monitored import START_TOL, check_on_constraint_set
-from .._validate import as_state, host_array, is_concrete
+from .._validate import as_state, check_real, host_array, is_concrete
 
 
 def _gain_array(gains, m: int):
@@ -206,7 +206,8 @@ class AbstractFeedbackField(SystemField):
         """This field with Bae & Chang's adaptive gain: Y = X − α(x)L∇V with
         α(x) = 1/(h·max(floor, c‖L·DFᵀKDF(x)‖_F)) (∇²V on the invariant set), h = `dt` the
         step it will be run with and
-        c = `safety` (see `geomjax.AdaptiveFeedbackField`).
+        c = `safety` (see `geomjax.AdaptiveFeedbackField`). A `dt` that is not a positive
+        finite number (where it is known) is a ValueError.
 
         Example (Kepler-like use: the gains only set the weights, α sets the strength):
 
@@ -225,6 +226,7 @@ class AbstractFeedbackField(SystemField):
 
         if not (isinstance(safety, (int, float)) and safety > 0 and isinstance(floor, (int, float)) and floor > 0):
             raise ValueError(f"adaptive gains need a positive safety factor and floor, got {safety!r} and {floor!r}")
+        check_real(dt, "dt", "a positive finite scalar (the step the field will be run with)")
         return AdaptiveFeedbackField(self, jnp.asarray(dt, jnp.float64), float(safety), float(floor))
 
     def _apply_metric(self, z, grad_v):
