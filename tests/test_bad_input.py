@@ -89,6 +89,18 @@ def test_holonomic_start_off_the_constraint_set():
     geomjax.feedback_field(holo, jnp.array([1.0, 0.0, 0.0, 0.3]), gains=1.0)  # on the set: accepted
 
 
+def test_feedback_field_start_tol_is_the_tolerance_of_its_start_check():
+    """feedback_field checks x0 as integrate does, with the same start_tol: the residual
+    0.002 (q·p = 1e-3, {g, H} = 2q·p) passes a tolerance of 1e-2 and fails one of 1e-4."""
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    x_off = model.x0.at[4].add(1e-3)
+    geomjax.feedback_field(model.system, x_off, gains=1.0, start_tol=1e-2)
+    with pytest.raises(ValueError, match=r"residual is 0\.002 \(start_tol 0\.0001"):
+        geomjax.feedback_field(model.system, x_off, gains=1.0, start_tol=1e-4)
+    with pytest.raises(ValueError, match="start_tol must be a non-negative number"):
+        geomjax.feedback_field(model.system, model.x0, gains=1.0, start_tol=-1.0)
+
+
 # ----------------------------------------------------------------------------- gains
 
 

@@ -214,6 +214,25 @@ ROWS = [
              raises(ValueError, OFF)),
         )
     ],
+    *[
+        row
+        for eps in (1e-3, 0.5)
+        for row in (
+            (f"off{eps}-feedback-f", f"x0 off the level of f by {eps}", "feedback_field(constraints=f)",
+             lambda c, e=eps: geomjax.feedback_field(c.model.system, off_pendulum(c, e), gains=1.0), ACCEPTED),
+            (f"off{eps}-feedback-holonomic", f"x0 off S by {eps}", "feedback_field(holonomic=g)",
+             lambda c, e=eps: geomjax.feedback_field(c.holo.system, off_pendulum(c, e), gains=1.0), raises(ValueError, OFF + ".*start_tol=None")),
+            (f"off{eps}-feedback-holonomic-start-tol-none", f"x0 off S by {eps}, start_tol=None", "feedback_field(holonomic=g)",
+             lambda c, e=eps: geomjax.feedback_field(c.holo.system, off_pendulum(c, e), gains=1.0, start_tol=None), ACCEPTED),
+            (f"off{eps}-feedback-knife", f"x0 off J = 0 by {eps}", "feedback_field (knife edge)",
+             lambda c, e=eps: geomjax.feedback_field(c.knife.system, off_knife(c, e), gains=1.0), raises(ValueError, OFF)),
+            (f"off{eps}-feedback-knife-start-tol-none", f"x0 off J = 0 by {eps}, start_tol=None", "feedback_field (knife edge)",
+             lambda c, e=eps: geomjax.feedback_field(c.knife.system, off_knife(c, e), gains=1.0, start_tol=None), ACCEPTED),
+        )
+    ],
+    ("feedback-start-tol-string", "start_tol = '1e-8' (a string)", "feedback_field",
+     lambda c: geomjax.feedback_field(c.holo.system, c.x0, gains=1.0, start_tol="1e-8"),
+     raises(TypeError, "start_tol must be a non-negative number .*got the string '1e-8'")),
     ("off-jit-rattle", "x0 off S by 0.1, inside jit", "integrate(rattle, throw=False)", lambda c: c.run_jit(c.rattle, off_pendulum(c, 0.1), 0.01),
      status(R.off_constraint_set, 0)),
     ("off-start-tol-none", "x0 off S by 1e-6, start_tol=None", "integrate(dirac_field(holonomic=g))", lambda c: run(c.dirac_holo, off_pendulum(c, 1e-6), start_tol=None),
