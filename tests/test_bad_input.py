@@ -2,6 +2,7 @@
 
 import re
 
+import equinox as eqx
 import geomjax
 import jax
 import jax.numpy as jnp
@@ -301,3 +302,22 @@ def test_adaptive_gain_rejects_a_bad_step_and_runs_with_a_good_one(pendulum):
     with pytest.raises(TypeError, match="got the string"):
         feedback.adaptive(dt="0.01")
     assert geomjax.integrate(feedback.adaptive(dt=1e-2), model.x0, dt=1e-2, steps=4).ok
+
+
+def test_feedback_field_under_jit_works_the_documented_ways(pendulum):
+    """jax.jit cannot take or return a field holding Python functions (JAX's TypeError,
+    raised outside geomjax's code); the two ways the docstring gives work: the field built
+    inside the jitted function that runs it, and equinox.filter_jit of the builder."""
+    model, _, _ = pendulum
+    with pytest.raises(TypeError, match="system.constraints"):
+        jax.jit(geomjax.feedback_field)(model.system, model.x0, 50.0)
+
+    @jax.jit
+    def final(gain):
+        field = geomjax.feedback_field(model.system, model.x0, gains=gain)
+        return geomjax.integrate(field, model.x0, dt=1e-3, steps=10, throw=False).xs[-1]
+
+    built = eqx.filter_jit(geomjax.feedback_field)(model.system, model.x0, 50.0)
+    np.testing.assert_allclose(built.target, model.system.conserved_quantities(model.x0))
+    eager = geomjax.integrate(built, model.x0, dt=1e-3, steps=10).xs[-1]
+    np.testing.assert_allclose(final(50.0), eager, rtol=1e-12)

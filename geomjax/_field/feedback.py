@@ -371,6 +371,12 @@ def feedback_field(
 
     A `FeedbackField`, callable `x ↦ Y(x)` on flat states; `.lyapunov(x)` gives V(x).
 
+    Inside `jit`: the field holds the system's Python functions, which `jax.jit` can
+    neither take as arguments nor return (JAX raises a TypeError naming the function's
+    path, before and after geomjax runs). Build the field inside the jitted function that
+    uses it (gains, x0 and parameters may be traced there), or jit the builder with
+    `equinox.filter_jit(geomjax.feedback_field)`, which treats the functions as static.
+
     Example (seed 000 §2.3, k₁..k₄ = 50):
 
     ```python
