@@ -242,6 +242,8 @@ ROWS = [
     ("long-rod-lie-trotter", "|q|² = 1.5 for a rod of length 1 (q·p = 0)", "integrate(lie_trotter(*pendulum_flows))",
      lambda c: run(geomjax.lie_trotter(*geomjax.models.pendulum_flows(c.model)), long_rod(c)),
      raises(ValueError, OFF + ".*residual is 0.5")),
+    ("off0.1-triple-jump-rattle", "x0 off S by 0.1", "integrate(triple_jump(rattle))", lambda c: run(geomjax.triple_jump(c.rattle), off_pendulum(c, 0.1)),
+     raises(ValueError, OFF)),
     ("long-rod-strang-jit", "|q|² = 1.5 for a rod of length 1, inside jit", "integrate(strang(*pendulum_flows), throw=False)", lambda c: c.run_jit(c.strang, long_rod(c), 0.01),
      status(R.off_constraint_set, 0)),
     # ---------------------------------------------------------------- gains and metrics

@@ -1,7 +1,6 @@
 """The Dirac-extended Hamiltonian vector field (seed 000, Theorem 1 and eq. 4)."""
 
 import equinox as eqx
-import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .derived import constraint_data, dirac_vector
