@@ -76,8 +76,9 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
     )
     solver_failed = "the diffrax solver stopped with an error"
     invalid_step_size = (
-        "the step size dt is zero, negative or not finite (it was traced, so this could "
-        "only be checked inside the run): nothing was integrated. Pass a positive finite dt"
+        "the step size dt is zero, negative or not finite, or the initial time t0 is not "
+        "finite (they were traced, so this could only be checked inside the run): nothing "
+        "was integrated. Pass a positive finite dt and a finite t0"
     )
     step_size_collapsed = (
         "the adaptive step size collapsed: the solver rejected every step near the last "

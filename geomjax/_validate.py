@@ -120,17 +120,116 @@ def as_state(x0, dim: int | None, name: str = "x0"):
     return x0
 
 
+def _described(value) -> str:
+    """`value` as an error message names it: its kind and, where short, the value."""
+    if isinstance(value, (str, bytes)):
+        return f"the string {value!r}"
+    if isinstance(value, (bool, np.bool_)):
+        return f"the bool {value!r}"
+    if isinstance(value, (complex, np.complexfloating)):
+        return f"the complex number {value!r}"
+    if value is None:
+        return "None"
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        shape = tuple(getattr(value, "shape", ()))
+        return f"an array of dtype {dtype}" + (f" and shape {shape}" if shape else "")
+    return f"a {type(value).__name__}"
+
+
+def check_real(value, name: str, expected: str = "a real number") -> None:
+    """Raise a TypeError, naming `name`, unless `value` is a real number (a Python or NumPy
+    int or float, or an integer or floating array or tracer); strings, bools, complex
+    numbers and other objects are rejected before they reach JAX (whose own errors for
+    them do not name the argument)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None and isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
+        return
+    if dtype is not None and not isinstance(value, (str, bytes)):
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            raise TypeError(
+                f"{name} must be {expected}, got {_described(value)}: geomjax steps in real time; "
+                f"pass the real part ({name}.real) if the imaginary part is zero"
+            )
+        if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating):
+            return
+    hint = ""
+    if isinstance(value, (str, bytes)):
+        try:
+            hint = f"; pass a number, not text: {name}={float(value)!r}"
+        except ValueError:
+            hint = "; pass a number, not text"
+    elif isinstance(value, complex):
+        hint = f": geomjax steps in real time; pass the real part ({name}.real) if the imaginary part is zero"
+    raise TypeError(f"{name} must be {expected}, got {_described(value)}{hint}")
+
+
+def check_tolerance(value, name: str, *, zero_ok: bool, none_means: str) -> None:
+    """Raise a clear error unless `value` is None or a real number > 0 (≥ 0 with
+    `zero_ok`); a traced value is let through. `none_means` says what None does."""
+    if value is None:
+        return
+    expected = f"a {'non-negative' if zero_ok else 'positive'} number (or None {none_means})"
+    check_real(value, name, expected)
+    v = known(value)
+    if v is None:
+        return
+    if v.shape != () or not (v >= 0 if zero_ok else v > 0):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_time(t0, name: str = "t0") -> None:
+    """Raise a clear error unless `t0` is a real scalar, finite where it is known."""
+    check_real(t0, name, "a finite real number (the initial time)")
+    v = known(t0)
+    if v is None:
+        return
+    if v.shape != ():
+        raise ValueError(f"{name} must be a scalar (the initial time), got shape {v.shape}")
+    if not np.isfinite(v):
+        raise ValueError(
+            f"{name} must be a finite real number (the initial time), got {float(v)!r}: every "
+            "save time would be non-finite, and a time-dependent field would be evaluated there"
+        )
+
+
+def check_run_options(t0, drift_tol, start_tol) -> None:
+    """The checks of `integrate`'s and `sweep`'s options other than dt and steps."""
+    check_time(t0)
+    check_tolerance(drift_tol, "drift_tol", zero_ok=False, none_means="to monitor nothing")
+    check_tolerance(start_tol, "start_tol", zero_ok=True, none_means="to start off the constraint set on purpose")
+
+
+def check_call_args(target, x0, args) -> None:
+    """Let a field or step check, before the run, that it can be called with the run's
+    `args` (its `check_args(x0, args)`, where it has one: `geomjax.TimeField`)."""
+    hook = getattr(target, "check_args", None)
+    if hook is not None:
+        hook(x0, args)
+
+
+def check_step_size(dt, name: str = "dt") -> None:
+    """Raise a clear error unless `dt` is a positive finite real scalar (where it is
+    known; a traced one is left to the run's status)."""
+    check_real(dt, name, "a positive finite scalar")
+    d = known(dt)
+    if d is not None and (d.shape != () or not np.isfinite(d) or d <= 0):
+        if isinstance(dt, (int, float, np.number)):
+            shown = repr(dt)
+        else:
+            shown = repr(float(d)) if d.shape == () else f"an array of shape {d.shape}"
+        raise ValueError(f"{name} must be a positive finite scalar, got {shown}")
+
+
 def check_positive_step(dt, steps, save_every):
+    check_real(dt, "dt", "a positive finite scalar")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(save_every, (int, np.integer)) or save_every < 1:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
     if steps % save_every:
         raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
-    if is_concrete(dt):
-        d = np.asarray(dt)
-        if d.shape != () or not np.isfinite(d) or d <= 0:
-            raise ValueError(f"dt must be a positive finite scalar, got {dt!r}")
+    check_step_size(dt)
 
 
 def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> None:

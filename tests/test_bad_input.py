@@ -1,5 +1,8 @@
 """Bad input gives an error that names the problem; a run that blows up says where."""
 
+import re
+
+import equinox as eqx
 import geomjax
 import jax
 import jax.numpy as jnp
@@ -85,6 +88,18 @@ def test_holonomic_start_off_the_constraint_set():
     with pytest.raises(ValueError, match="off the constraint set"):
         geomjax.feedback_field(holo, jnp.array([1.1, 0.0, 0.0, 0.3]), gains=1.0)
     geomjax.feedback_field(holo, jnp.array([1.0, 0.0, 0.0, 0.3]), gains=1.0)  # on the set: accepted
+
+
+def test_feedback_field_start_tol_is_the_tolerance_of_its_start_check():
+    """feedback_field checks x0 as integrate does, with the same start_tol: the residual
+    0.002 (q·p = 1e-3, {g, H} = 2q·p) passes a tolerance of 1e-2 and fails one of 1e-4."""
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    x_off = model.x0.at[4].add(1e-3)
+    geomjax.feedback_field(model.system, x_off, gains=1.0, start_tol=1e-2)
+    with pytest.raises(ValueError, match=r"residual is 0\.002 \(start_tol 0\.0001"):
+        geomjax.feedback_field(model.system, x_off, gains=1.0, start_tol=1e-4)
+    with pytest.raises(ValueError, match="start_tol must be a non-negative number"):
+        geomjax.feedback_field(model.system, model.x0, gains=1.0, start_tol=-1.0)
 
 
 # ----------------------------------------------------------------------------- gains
@@ -214,3 +229,95 @@ def test_blow_up_in_one_member_of_a_batch(pendulum):
     np.testing.assert_array_equal(np.asarray(sol.status) != 0, [False, True, False])
     assert int(sol.failed_step[1]) > 0 and int(sol.failed_step[0]) == -1
     assert sol.message.startswith("1 of 3 runs failed; run 1: integration failed at step")
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+@pytest.mark.parametrize("make", [geomjax.models.spherical_pendulum, geomjax.models.planar_pendulum])
+@pytest.mark.parametrize("length", [1.0, 2.0])
+def test_pendulum_flows_check_the_rod_length(make, length):
+    """The exact sub-flows keep |q| whatever it is: a start on a sphere of another radius
+    would run a pendulum of another length. They read ℓ from the model and reject it."""
+    model = make(length=length)
+    step = geomjax.strang(*geomjax.models.pendulum_flows(model))
+    n = model.x0.shape[0] // 2
+    assert geomjax.integrate(step, model.x0, dt=0.01, steps=4).ok
+    longer = model.x0.at[:n].multiply(1.1)  # q·p stays 0: only the radius is wrong
+    residual = f"{0.21 * length**2:.3g}"  # |q|² − ℓ² = (1.1² − 1) ℓ²
+    with pytest.raises(ValueError, match=f"off the constraint set.*residual is {residual}"):
+        geomjax.integrate(step, longer, dt=0.01, steps=4)
+    with pytest.raises(ValueError, match="off the constraint set"):
+        geomjax.integrate(geomjax.lie_trotter(*geomjax.models.pendulum_flows(model)), longer, dt=0.01, steps=4)
+
+
+# ----------------------------------------------------------------------------- order conditions
+
+
+def _defect(th, y, h):
+    return h * th["a"] * y + h**2 * th["b"] * y
+
+
+def test_order_conditions_refuse_non_finite_samples_and_keep_finite_ones():
+    """A NaN in some sampled problems used to be fitted (giving conditions that no
+    sample supports); now it is an error naming the samples, and finite samples give the
+    true conditions of the same family."""
+
+    def some_nan(key):
+        y = jax.random.normal(key, (2,))
+        return jnp.where(jax.random.uniform(key) < 0.5, jnp.nan, 1.0) * y
+
+    keys = jax.random.split(jax.random.split(jax.random.key(0))[0], 4)
+    nan_samples = [i for i, k in enumerate(keys) if not np.isfinite(np.asarray(some_nan(k))).all()]
+    assert 0 < len(nan_samples) < 4  # the test exercises a partial NaN
+    with pytest.raises(ValueError, match=re.escape(f"for samples {nan_samples} of 4")):
+        geomjax.order_conditions(_defect, ("a", "b"), some_nan, [1, 2])
+    good = geomjax.order_conditions(_defect, ("a", "b"), lambda k: jax.random.normal(k, (2,)), [1, 2])
+    assert [str(c) for c in good] == ["a = 0", "b = 0"]
+
+
+# ----------------------------------------------------------------------------- gain checks
+
+
+def test_check_gains_never_finds_nothing_wrong_in_nan(pendulum):
+    """Where the rates are NaN every comparison is False: check_gains used to return no
+    message ("nothing wrong"). A singular constraint matrix at x0 (q = 0) makes ‖DX‖ NaN."""
+    model, _, feedback = pendulum
+    with pytest.raises(ValueError, match="rates at the initial states are not finite"):
+        geomjax.check_gains(feedback, jnp.array([0.0, 0.0, 0.0, 1.0, 0.0, -1.0]), 1e-3)
+    with pytest.raises(ValueError, match=r"non-finite entries \(NaN or inf\) at rows \[1\]"):
+        geomjax.check_gains(feedback, jnp.stack([model.x0, model.x0.at[0].set(jnp.inf)]), 1e-3)
+    with pytest.raises(ValueError, match="length 4, but the field's state has length 6"):
+        geomjax.check_gains(feedback, model.x0[:4], 1e-3)
+    # the same call on a good start and step: a check with a number, no message
+    check = geomjax.check_gains(feedback, model.x0, 1e-3)
+    assert np.isfinite(check.stability_fraction) and check.messages == ()
+
+
+def test_adaptive_gain_rejects_a_bad_step_and_runs_with_a_good_one(pendulum):
+    model, _, feedback = pendulum
+    for dt in (0.0, -1e-2, np.nan, np.inf):
+        with pytest.raises(ValueError, match="dt must be a positive finite scalar"):
+            feedback.adaptive(dt=dt)
+    with pytest.raises(TypeError, match="got the string"):
+        feedback.adaptive(dt="0.01")
+    assert geomjax.integrate(feedback.adaptive(dt=1e-2), model.x0, dt=1e-2, steps=4).ok
+
+
+def test_feedback_field_under_jit_works_the_documented_ways(pendulum):
+    """jax.jit cannot take or return a field holding Python functions (JAX's TypeError,
+    raised outside geomjax's code); the two ways the docstring gives work: the field built
+    inside the jitted function that runs it, and equinox.filter_jit of the builder."""
+    model, _, _ = pendulum
+    with pytest.raises(TypeError, match="system.constraints"):
+        jax.jit(geomjax.feedback_field)(model.system, model.x0, 50.0)
+
+    @jax.jit
+    def final(gain):
+        field = geomjax.feedback_field(model.system, model.x0, gains=gain)
+        return geomjax.integrate(field, model.x0, dt=1e-3, steps=10, throw=False).xs[-1]
+
+    built = eqx.filter_jit(geomjax.feedback_field)(model.system, model.x0, 50.0)
+    np.testing.assert_allclose(built.target, model.system.conserved_quantities(model.x0))
+    eager = geomjax.integrate(built, model.x0, dt=1e-3, steps=10).xs[-1]
+    np.testing.assert_allclose(final(50.0), eager, rtol=1e-12)

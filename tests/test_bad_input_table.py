@@ -60,6 +60,11 @@ def off_knife(c, eps):
     return c.knife.x0.at[4].add(eps)
 
 
+def long_rod(c):
+    """The pendulum start moved radially to |q|² = 1.5 (the rod has length 1; q·p stays 0)."""
+    return c.x0.at[:3].multiply(np.sqrt(1.5))
+
+
 def h_with_if(x):
     if x[0] > 0:  # Python control flow on a traced value
         return 0.5 * x[3:] @ x[3:]
@@ -90,6 +95,25 @@ def cartesian_phi(q):
 
 
 CARTESIAN_X0 = jnp.array([np.sin(0.5), -np.cos(0.5), 0.0, 0.0])
+
+
+def sweep_one(c, **kw):
+    """A sweep of one member (the Dirac pendulum), 4 steps."""
+    kw = {"dt": 0.01, "steps": 4, **kw}
+    return geomjax.sweep(lambda gain: (c.dirac, c.x0), geomjax.zipped(gain=[1.0]), **kw)
+
+
+#: A forced oscillator reading its forcing amplitude from args.
+FORCED = geomjax.TimeField(lambda t, x, a: jnp.stack([x[1], -x[0] + a * jnp.cos(t)]))
+
+
+def linear_defect(th, y, h):
+    """A defect with h-coefficients a·y and b·y: the conditions are a = 0, b = 0."""
+    return h * th["a"] * y + h**2 * th["b"] * y
+
+
+def normal_pair(key):
+    return jax.random.normal(key, (2,))
 
 
 def raises(exc, pattern):
@@ -140,6 +164,16 @@ ROWS = [
      raises(ValueError, "odd number")),
     ("g-matrix", "holonomic returns a matrix", "System", lambda c: system_with(c, constraints=None, holonomic=lambda q: jnp.outer(q, q)),
      raises(ValueError, r"holonomic must return a vector.*\(3, 3\)")),
+    ("h-complex", "H returns complex values", "System", lambda c: system_with(c, hamiltonian=lambda x: (0.5 * x[3:] @ x[3:] + x[2]) * (1 + 0j)),
+     raises(TypeError, r"the hamiltonian returns complex values \(dtype complex128\).*real")),
+    ("f-complex", "constraints return complex values", "System", lambda c: system_with(c, constraints=lambda x: c.model.system.constraints(x) + 0j),
+     raises(TypeError, r"constraints returns complex values")),
+    ("integral-complex", "an integral returns complex values", "System", lambda c: system_with(c, integrals=lambda x: x[0] * x[4] + 0j),
+     raises(TypeError, r"integrals\[0\] returns complex values")),
+    ("poisson-matrix", "a matrix instead of x ↦ B(x)", "PoissonStructure", lambda c: geomjax.PoissonStructure(np.array([[0.0, 1.0], [-1.0, 0.0]])),
+     raises(TypeError, r"PoissonStructure takes a callable x ↦ B\(x\), got an array of shape \(2, 2\).*lambda x: B, dim=2")),
+    ("tableau-not-square", "A of shape 1 × 2 with one weight", "ImplicitTableau", lambda c: geomjax.ImplicitTableau(a=((0.5, 0.5),), b=(1.0,), order=2),
+     raises(ValueError, r"A must be an s × s matrix with s = len\(b\) = 1 stage; got 1 row of length \[2\]")),
     ("h-if", "`if x[0] > 0:` in H", "System", lambda c: system_with(c, hamiltonian=h_with_if),
      raises(TypeError, "hamiltonian uses Python control flow.*jnp.where / lax.cond")),
     ("h-numpy", "`np.sin(x)` in H", "System", lambda c: system_with(c, hamiltonian=h_with_numpy),
@@ -180,10 +214,38 @@ ROWS = [
              raises(ValueError, OFF)),
         )
     ],
+    *[
+        row
+        for eps in (1e-3, 0.5)
+        for row in (
+            (f"off{eps}-feedback-f", f"x0 off the level of f by {eps}", "feedback_field(constraints=f)",
+             lambda c, e=eps: geomjax.feedback_field(c.model.system, off_pendulum(c, e), gains=1.0), ACCEPTED),
+            (f"off{eps}-feedback-holonomic", f"x0 off S by {eps}", "feedback_field(holonomic=g)",
+             lambda c, e=eps: geomjax.feedback_field(c.holo.system, off_pendulum(c, e), gains=1.0), raises(ValueError, OFF + ".*start_tol=None")),
+            (f"off{eps}-feedback-holonomic-start-tol-none", f"x0 off S by {eps}, start_tol=None", "feedback_field(holonomic=g)",
+             lambda c, e=eps: geomjax.feedback_field(c.holo.system, off_pendulum(c, e), gains=1.0, start_tol=None), ACCEPTED),
+            (f"off{eps}-feedback-knife", f"x0 off J = 0 by {eps}", "feedback_field (knife edge)",
+             lambda c, e=eps: geomjax.feedback_field(c.knife.system, off_knife(c, e), gains=1.0), raises(ValueError, OFF)),
+            (f"off{eps}-feedback-knife-start-tol-none", f"x0 off J = 0 by {eps}, start_tol=None", "feedback_field (knife edge)",
+             lambda c, e=eps: geomjax.feedback_field(c.knife.system, off_knife(c, e), gains=1.0, start_tol=None), ACCEPTED),
+        )
+    ],
+    ("feedback-start-tol-string", "start_tol = '1e-8' (a string)", "feedback_field",
+     lambda c: geomjax.feedback_field(c.holo.system, c.x0, gains=1.0, start_tol="1e-8"),
+     raises(TypeError, "start_tol must be a non-negative number .*got the string '1e-8'")),
     ("off-jit-rattle", "x0 off S by 0.1, inside jit", "integrate(rattle, throw=False)", lambda c: c.run_jit(c.rattle, off_pendulum(c, 0.1), 0.01),
      status(R.off_constraint_set, 0)),
     ("off-start-tol-none", "x0 off S by 1e-6, start_tol=None", "integrate(dirac_field(holonomic=g))", lambda c: run(c.dirac_holo, off_pendulum(c, 1e-6), start_tol=None),
      ACCEPTED),
+    ("long-rod-strang", "|q|² = 1.5 for a rod of length 1 (q·p = 0)", "integrate(strang(*pendulum_flows))", lambda c: run(c.strang, long_rod(c)),
+     raises(ValueError, OFF + ".*residual is 0.5")),
+    ("long-rod-lie-trotter", "|q|² = 1.5 for a rod of length 1 (q·p = 0)", "integrate(lie_trotter(*pendulum_flows))",
+     lambda c: run(geomjax.lie_trotter(*geomjax.models.pendulum_flows(c.model)), long_rod(c)),
+     raises(ValueError, OFF + ".*residual is 0.5")),
+    ("off0.1-triple-jump-rattle", "x0 off S by 0.1", "integrate(triple_jump(rattle))", lambda c: run(geomjax.triple_jump(c.rattle), off_pendulum(c, 0.1)),
+     raises(ValueError, OFF)),
+    ("long-rod-strang-jit", "|q|² = 1.5 for a rod of length 1, inside jit", "integrate(strang(*pendulum_flows), throw=False)", lambda c: c.run_jit(c.strang, long_rod(c), 0.01),
+     status(R.off_constraint_set, 0)),
     # ---------------------------------------------------------------- gains and metrics
     ("gain-zero", "gains = 0", "feedback_field", lambda c: geomjax.feedback_field(c.model.system, c.x0, gains=0.0),
      raises(ValueError, "gains must include a positive entry")),
@@ -224,6 +286,34 @@ ROWS = [
      status(R.invalid_step_size, 0)),
     ("dt-negative-jit", "dt = 0 or −0.01, inside jit", "integrate(throw=False)", lambda c: c.run_jit(c.dirac, c.x0, jnp.asarray(-0.01)),
      status(R.invalid_step_size, 0)),
+    ("dt-string", "dt = '0.01' (a string)", "integrate", lambda c: run(c.dirac, c.x0, dt="0.01"),
+     raises(TypeError, "dt must be a positive finite scalar, got the string '0.01'; pass a number, not text: dt=0.01")),
+    ("dt-complex", "dt = 0.01 + 0j", "integrate", lambda c: run(c.dirac, c.x0, dt=0.01 + 0j),
+     raises(TypeError, r"dt must be a positive finite scalar, got the complex number \(0.01\+0j\): geomjax steps in real time")),
+    ("drift-tol-string", "drift_tol = '1e-2' (a string)", "integrate", lambda c: run(c.dirac, c.x0, drift_tol="1e-2"),
+     raises(TypeError, "drift_tol must be a positive number .*got the string '1e-2'")),
+    ("dt-string-sweep", "dt = '0.01' (a string)", "sweep", lambda c: sweep_one(c, dt="0.01"),
+     raises(TypeError, "dt must be a positive finite scalar, got the string '0.01'")),
+    ("dt-complex-sweep", "dt = 0.01 + 0j", "sweep", lambda c: sweep_one(c, dt=0.01 + 0j),
+     raises(TypeError, "dt must be a positive finite scalar, got the complex number")),
+    ("drift-tol-string-sweep", "drift_tol = '1e-2' (a string)", "sweep", lambda c: sweep_one(c, drift_tol="1e-2"),
+     raises(TypeError, "drift_tol must be a positive number .*got the string '1e-2'")),
+    ("t0-nan", "t0 = NaN", "integrate", lambda c: run(c.dirac, c.x0, t0=float("nan")),
+     raises(ValueError, "t0 must be a finite real number .*got nan")),
+    ("t0-inf-sweep", "t0 = inf", "sweep", lambda c: sweep_one(c, t0=float("inf")),
+     raises(ValueError, "t0 must be a finite real number .*got inf")),
+    ("t0-nan-jit", "t0 = NaN, inside jit", "integrate(throw=False)",
+     lambda c: eqx.filter_jit(lambda t0: geomjax.integrate(c.dirac, c.x0, dt=0.01, steps=4, t0=t0, throw=False))(jnp.asarray(jnp.nan)),
+     status(R.invalid_step_size, 0)),
+    ("timefield-no-args", "a TimeField whose f reads args, args=None", "integrate",
+     lambda c: geomjax.integrate(FORCED, jnp.array([1.0, 0.0]), dt=0.01, steps=4),
+     raises(TypeError, r"f\(t, x, args\) uses its args, but the run was given none \(args=None\).*args=")),
+    ("timefield-no-args-sweep", "a TimeField whose f reads args, args=None", "sweep",
+     lambda c: geomjax.sweep(lambda a: (FORCED, jnp.array([1.0, a])), geomjax.zipped(a=[0.0]), dt=0.01, steps=4),
+     raises(TypeError, r"uses its args, but the run was given none")),
+    ("timefield-with-args", "the same TimeField with args=0.5", "integrate",
+     lambda c: geomjax.integrate(FORCED, jnp.array([1.0, 0.0]), dt=0.01, steps=4, args=0.5),
+     ACCEPTED),
     *[
         (f"steps-{s!r}", f"steps = {s!r}", "integrate", lambda c, s=s: run(c.dirac, c.x0, steps=s), raises(ValueError, "steps must be a positive integer"))
         for s in (0, -1, 2.5, True)
@@ -271,6 +361,50 @@ ROWS = [
      raises(geomjax.IntegrationError, "first integral drifted")),
     ("euler-3", "feedback Euler at 3 × euler_step_limit, drift_tol=None", "integrate", lambda c: run(c.feedback, c.x0, dt=3.0 * float(c.feedback.euler_step_limit(c.x0)), steps=40, drift_tol=None),
      raises(geomjax.IntegrationError, "non-finite after finite steps.*stability limit")),
+    # ---------------------------------------------------------------- gain checks
+    ("check-gains-dt-negative", "dt = −1", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0, -1.0),
+     raises(ValueError, "dt must be a positive finite scalar, got -1.0")),
+    ("check-gains-dt-nan", "dt = NaN", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0, float("nan")),
+     raises(ValueError, "dt must be a positive finite scalar, got nan")),
+    ("check-gains-nan-start", "NaN in x0", "check_gains", lambda c: geomjax.check_gains(c.feedback, c.x0.at[2].set(jnp.nan), 1e-3),
+     raises(ValueError, r"x0 has non-finite entries \(NaN or inf\) at indices \[2\]")),
+    ("check-gains-dirac", "a Dirac field (no feedback)", "check_gains, recommended_gains", lambda c: geomjax.recommended_gains(c.dirac, c.x0, 1e-3),
+     raises(TypeError, "check_gains needs a feedback field .*got a DiracField")),
+    *[
+        (f"adaptive-dt-{dt}", f"dt = {dt}", "feedback_field(...).adaptive", lambda c, d=dt: c.feedback.adaptive(dt=d),
+         raises(ValueError, f"dt must be a positive finite scalar, got {dt}: the adaptive gain"))
+        for dt in (0.0, float("nan"))
+    ],
+    # ---------------------------------------------------------------- diagnostics and results
+    *[
+        (f"constraint-matrix-{n}", f"a length-{n} state of a 6-dimensional system", "constraint_matrix",
+         lambda c, n=n: geomjax.constraint_matrix(c.model.system, jnp.ones(n)), raises(ValueError, f"x has length {n}, but the system's state has length 6"))
+        for n in (4, 8)
+    ],
+    ("sweep-message-range", "message(5) of a one-member sweep", "SweepResult.message", lambda c: sweep_one(c).message(5),
+     raises(IndexError, r"grid position \(5,\) is out of range: axis 0 has 1 member, so its index must be in 0\.\.0")),
+    ("sweep-message-axes", "message() without an index", "SweepResult.message", lambda c: sweep_one(c).message(),
+     raises(IndexError, r"one index per axis of the grid, whose shape is \(1,\)")),
+    ("drift-slope-nan", "NaN in the error series (saves after a failure)", "diagnostics.drift_slope",
+     lambda c: geomjax.diagnostics.drift_slope(np.linspace(0.0, 1.0, 20), np.r_[np.ones(17), np.full(3, np.nan)]),
+     raises(ValueError, r"errors has non-finite entries \(NaN or inf\) at indices \[17, 18, 19\].*sol.failed_step")),
+    ("drift-slope-ts-inf", "inf in the times", "diagnostics.drift_slope",
+     lambda c: geomjax.diagnostics.drift_slope(np.r_[np.linspace(0.0, 1.0, 19), np.inf], np.ones(20)),
+     raises(ValueError, r"ts has non-finite entries \(NaN or inf\) at indices \[19\]")),
+    ("order-conditions-nan-sample", "sample(key) returns NaN", "order_conditions",
+     lambda c: geomjax.order_conditions(linear_defect, ("a", "b"), lambda k: jnp.full(2, jnp.nan), [1, 2]),
+     raises(ValueError, r"sample\(key\) returned non-finite values \(NaN or inf\) for samples \[0, 1, 2, 3\] of 4")),
+    ("order-conditions-nan-defect", "a defect that is NaN (0/0 in θ)", "order_conditions",
+     lambda c: geomjax.order_conditions(lambda th, y, h: h * th["a"] * y / (th["b"] - th["b"]), ("a", "b"), normal_pair, [1]),
+     raises(ValueError, r"Taylor coefficients in h are not finite .*first at θ = \(a = ")),
+    ("order-conditions-theta-range", "theta_range = (NaN, 1)", "order_conditions",
+     lambda c: geomjax.order_conditions(linear_defect, ("a", "b"), normal_pair, [1], theta_range=(np.nan, 1.0)),
+     raises(ValueError, r"theta_range must be two finite numbers lo < hi")),
+    ("random-polynomial-degree", "degree = −1", "random_polynomial", lambda c: geomjax.random_polynomial(jax.random.key(0), 2, -1),
+     raises(ValueError, "degree must be a non-negative integer .*got -1")),
+    ("invariant-errors-solution", "a Solution instead of sol.xs", "diagnostics.invariant_errors",
+     lambda c: geomjax.diagnostics.invariant_errors(c.model.system, run(c.dirac, c.x0)),
+     raises(TypeError, r"not a geomjax.Solution: pass sol.xs")),
 ]
 
 

@@ -235,7 +235,8 @@ def random_polynomial(key, n: int, degree: int, shape=(), scale: float = 1.0) ->
 
     Used as a generic problem for order conditions: a Hamiltonian, a potential, a vector
     field or a constraint whose derivatives up to order `degree` are all nonzero and
-    unrelated, so that no condition is hidden by a special structure.
+    unrelated, so that no condition is hidden by a special structure. `n` ≥ 1 and
+    `degree` ≥ 0 are integers (a ValueError otherwise).
 
     Example:
 
@@ -247,7 +248,11 @@ def random_polynomial(key, n: int, degree: int, shape=(), scale: float = 1.0) ->
 
     ```
     """
-    exponents = _monomials(n, degree)
+    for name, value, least in (("n", n, 1), ("degree", degree, 0)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+            kind = "a positive integer (the number of variables)" if least else "a non-negative integer (the total degree)"
+            raise ValueError(f"random_polynomial: {name} must be {kind}, got {value!r}")
+    exponents = _monomials(int(n), int(degree))
     c = scale * jax.random.normal(key, (len(exponents),) + tuple(shape))
     return Polynomial(exponents, c)
 
@@ -402,6 +407,40 @@ def _rationalise(x: float, tol: float, max_denominator: int):
     return f if abs(float(f) - x) <= tol else float(x)
 
 
+def _require_finite_samples(problems) -> None:
+    """Raise a ValueError naming the samples whose problems have NaN/inf entries: the
+    conditions would be fitted to non-finite values."""
+    bad = [
+        i
+        for i, problem in enumerate(problems)
+        if not all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree_util.tree_leaves(problem) if eqx.is_array_like(leaf))
+    ]
+    if bad:
+        raise ValueError(
+            f"sample(key) returned non-finite values (NaN or inf) for samples {bad} of {len(problems)}: the "
+            "conditions would be fitted to NaN, and no condition could be trusted. Make sample return "
+            "finite problems (coefficients and states)"
+        )
+
+
+def _require_finite_coefficients(values, names, raw) -> None:
+    """Raise a ValueError when the defect's Taylor coefficients are NaN/inf for some
+    sample or θ, naming where (instead of fitting conditions to them)."""
+    finite = np.isfinite(values).all(axis=(2, 3))  # (samples, n_theta)
+    if finite.all():
+        return
+    samples_bad = np.flatnonzero(~finite.all(axis=1)).tolist()
+    s, k = np.argwhere(~finite)[0]
+    theta = ", ".join(f"{name} = {raw[k, j]:.3g}" for j, name in enumerate(names))
+    raise ValueError(
+        f"the defect's Taylor coefficients in h are not finite (NaN or inf) for samples {samples_bad} "
+        f"of {values.shape[0]} (first at θ = ({theta}) of sample {int(s)}): the conditions would be fitted "
+        "to NaN. The defect(theta, problem, h) or its derivatives in h at h = 0 are not finite there: a "
+        "division by a coefficient that can be zero (name it in nonzero=), a NaN in the problem, or a "
+        "step that is undefined at h = 0"
+    )
+
+
 def order_conditions(
     defect: Callable,
     names: Sequence[str],
@@ -458,7 +497,9 @@ def order_conditions(
     arbitrary), which is the expansion about the frozen point that seed 004 does by hand.
 
     The conditions span the sampled polynomials; a ValueError says when the samples were
-    too few to saturate that span, or when no polynomial of the degrees tried fits.
+    too few to saturate that span, when no polynomial of the degrees tried fits, or when a
+    sampled problem or the defect's coefficients are not finite (NaN or inf: naming the
+    samples, and the first θ where the defect is not finite).
 
     Example (explicit Euler-like family y₁ = y + h(b₁ f(y) + b₂ f(y + h f(y))) on a random
     vector field, local error against the exact flow):
@@ -488,10 +529,19 @@ def order_conditions(
     powers = [powers] if isinstance(powers, int) else list(powers)
     if not powers or any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in powers):
         raise ValueError(f"powers must be integers >= 0, got {powers!r}")
+    if isinstance(samples, (bool, np.bool_)) or not isinstance(samples, (int, np.integer)) or samples < 1:
+        raise ValueError(f"samples must be a positive integer (the number of random problems), got {samples!r}")
+    try:
+        lo, hi = (float(v) for v in theta_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"theta_range must be two numbers (lo, hi), got {theta_range!r}") from None
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"theta_range must be two finite numbers lo < hi, got {theta_range!r}")
     top = max(powers)
     key = jax.random.key(0) if key is None else key
     kp, kt = jax.random.split(key)
     problems = [sample(k) for k in jax.random.split(kp, samples)]
+    _require_finite_samples(problems)
     batch = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *problems)
 
     # Candidate fits per power: degree D and multiplier power k of the nonzero names.
@@ -503,7 +553,6 @@ def order_conditions(
     max_deg = max(d for m in powers for d, _ in candidates(m))
     n_monomials = len(_monomials(len(names), max_deg))
     n_theta = 2 * n_monomials + 8
-    lo, hi = theta_range
     raw = np.array(jax.random.uniform(kt, (n_theta, len(names)), minval=lo, maxval=hi))
     for j, name in enumerate(names):
         if name in nonzero:  # |θ_j| in [0.5, 1.5], either sign: away from the poles at 0
@@ -523,6 +572,7 @@ def order_conditions(
     )
     values = evaluate(thetas, batch)
     values = np.asarray(values)  # (samples, n_theta, top + 1, dim)
+    _require_finite_coefficients(values, names, raw)
     scale = max(1.0, float(np.max(np.abs(values))))
 
     out = []

@@ -31,7 +31,7 @@ def run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_ever
 
 def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
     """A diffrax solve with the start check and the save-point monitoring, compiled whole."""
-    field, (z0, record), monitor = begin(field, x0, dt, start_tol, drift_tol)
+    field, (z0, record), monitor = begin(field, x0, dt, start_tol, drift_tol, t0)
     start_ok = record[STATUS] == OK
     t1 = t0 + dt * steps
     n_saves = steps // save_every

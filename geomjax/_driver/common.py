@@ -108,13 +108,13 @@ class Monitor(eqx.Module):
         return jnp.where(finite, code, code_of(RESULTS.constraint_violation))
 
 
-def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol):
+def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol, t0=0.0):
     """The start record (status at step 0) and the run's monitor."""
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)), axis=0)
     code = jnp.where(jnp.all(jnp.isfinite(x0), axis=0), OK, code_of(RESULTS.nonfinite_start))
-    # A concrete dt was checked before the run; a traced one (a parameter of a jitted or
-    # vmapped function) is checked here.
-    dt_ok = jnp.isfinite(dt) & (dt > 0)
+    # A concrete dt and t0 were checked before the run; traced ones (parameters of a
+    # jitted or vmapped function) are checked here.
+    dt_ok = jnp.isfinite(dt) & (dt > 0) & jnp.isfinite(t0)
     code = jnp.where(code == OK, jnp.where(dt_ok, OK, code_of(RESULTS.invalid_step_size)), code)
     inv, res = target.monitored(x0)
     if start_tol is not None:
@@ -134,7 +134,7 @@ def begin(target, x0, dt, start_tol, drift_tol, t0=0.0, args=None):
     multistep method's history, computed by its starter)."""
     z0 = target.split(x0)
     target = target.at_start(z0)
-    record, monitor = start_record(target, x0, dt, start_tol, drift_tol)
+    record, monitor = start_record(target, x0, dt, start_tol, drift_tol, t0)
     start = getattr(target, "start", None)
     if start is not None:
         z0 = start(t0, z0, dt, args)

@@ -41,7 +41,7 @@ from .pallas_loop import constant_status, pallas_steps
 from .solution import Solution, raise_if_failed
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
-from .._validate import as_state, check_positive_step, checked_where_known, is_concrete
+from .._validate import as_state, check_call_args, check_positive_step, check_run_options, checked_where_known, is_concrete
 from ..internal.closure import custom_jvp_by_reference
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
@@ -511,12 +511,10 @@ def integrate(
     steps = _as_count(steps, "steps")
     save_every = _as_count(save_every, "save_every")
     check_positive_step(dt, steps, save_every)
+    check_run_options(t0, drift_tol, start_tol)
     target, is_step = _target(field_or_step, method)
     x0 = as_state(x0, target.dim)
-    if drift_tol is not None and not (float(drift_tol) > 0):
-        raise ValueError(f"drift_tol must be positive (or None to monitor nothing), got {drift_tol!r}")
-    if start_tol is not None and not (float(start_tol) >= 0):
-        raise ValueError(f"start_tol must be non-negative (or None), got {start_tol!r}")
+    check_call_args(target, x0, args)
     if is_concrete(x0):
         _check_start(target, x0, start_tol)
     dt = _as_scalar(dt, x0.dtype)

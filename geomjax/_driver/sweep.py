@@ -18,7 +18,7 @@ import numpy as np
 
 from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
-from .._validate import as_state, check_positive_step, is_concrete
+from .._validate import as_state, check_call_args, check_positive_step, check_run_options, is_concrete
 from .batched import batch_members, holds_member_values, reachable_tracers
 from .common import compiled_call, nan_max
 from .grid import as_grid
@@ -317,6 +317,7 @@ def sweep(
     steps = _as_count(steps, "steps")
     save_every = steps if save_every is None else _as_count(save_every, "save_every")
     check_positive_step(dt, steps, save_every)
+    check_run_options(t0, drift_tol, start_tol)
     grid = as_grid(grid)
     devices = _as_devices(devices)
     platform = _platform(devices)
@@ -356,6 +357,7 @@ def sweep(
         if not is_step and not isinstance(method, str):
             raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
         x0 = as_state(x0, target.dim, "x0 of the first member")
+        check_call_args(target, x0, args)
         step = target if is_step else build_step(method, target)
         if loop == "pallas":
             check_pallas_loop(step, x0, dt, t0, args, layout)

@@ -107,7 +107,12 @@ class SweepResult(eqx.Module):
         return from_code(self.status)
 
     def message(self, *index) -> str:
-        """In words, how the member at grid position `index` ended."""
+        """In words, how the member at grid position `index` ended: one integer per axis of
+        the grid (negative ones count from the end), e.g. `result.message(1, 2)`.
+
+        An index outside the grid is an IndexError naming the valid range (JAX's own
+        indexing would clamp it silently and describe another member)."""
+        index = _grid_position(index, tuple(self.status.shape))
         code = int(np.asarray(self.status[index]))
         if code == 0:
             return "success"
@@ -214,6 +219,27 @@ class SweepResult(eqx.Module):
             if np.all(v > 0) and v.max() / v.min() > 50:
                 getattr(ax, f"set_{axis}scale")("log")
         return ax
+
+
+def _grid_position(index, shape) -> tuple:
+    """`index` checked against the grid's `shape`: one integer per axis, in range."""
+    if len(index) == 1 and isinstance(index[0], tuple):
+        index = index[0]  # message((1, 2)) as message(1, 2)
+    if len(index) != len(shape):
+        raise IndexError(
+            f"message takes one index per axis of the grid, whose shape is {shape}; got "
+            f"{len(index)} ({', '.join(map(repr, index)) or 'none'})"
+        )
+    for axis, (i, n) in enumerate(zip(index, shape)):
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise IndexError(f"grid indices must be integers; got {i!r} for axis {axis}")
+        if not -n <= i < n:
+            raise IndexError(
+                f"grid position {tuple(index)} is out of range: axis {axis} has {n} "
+                f"member{'s' if n != 1 else ''}, so its index must be in 0..{n - 1} "
+                f"(or {-n}..-1 from the end); got {i}"
+            )
+    return tuple(int(i) for i in index)
 
 
 def _quantity(result: SweepResult, quantity):

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from .feedback import AbstractFeedbackField
+from .._validate import check_step_size
 
 
 GAIN_LEAVES = ("gains", "embedding_gain")
@@ -82,6 +83,17 @@ class AdaptiveFeedbackField(AbstractFeedbackField):
     dt: jax.Array
     safety: float = eqx.field(static=True, default=1.1)
     floor: float = eqx.field(static=True, default=1e-10)
+
+    def __check_init__(self):
+        # α = 1/(h·L̂): a zero or NaN h makes the field non-finite at the first step, a
+        # negative one turns the feedback around. Checked where h is known.
+        try:
+            check_step_size(self.dt)
+        except (TypeError, ValueError) as err:
+            raise type(err)(
+                f"{err}: the adaptive gain α = 1/(h·L̂) needs h, the step the field will be run "
+                "with (pass the run's dt to .adaptive(dt=...))"
+            ) from None
 
     @property
     def system(self):

@@ -212,6 +212,24 @@ class TimeField(_FlatField):
     def rhs(self, t, z, args):
         return self.fn(t, z, args)
 
+    def check_args(self, x0, args) -> None:
+        """Raise a TypeError naming `args` when `f` reads its third argument but the run
+        was given none (`args=None`): traced once at the shapes of `x0` (nothing is
+        computed). Other errors are left to the run, which raises them as they are."""
+        if args is not None:
+            return
+        t = jax.ShapeDtypeStruct((), jnp.asarray(x0).dtype)
+        try:
+            jax.eval_shape(lambda s, x: self.fn(s, x, None), t, x0)
+        except (TypeError, AttributeError, IndexError, KeyError) as err:
+            if "NoneType" not in str(err):
+                return  # another cause: the run raises it as it is
+            raise TypeError(
+                "the time-dependent field f(t, x, args) uses its args, but the run was given none "
+                f"(args=None), so f was called with args=None: {err}. Pass the values f reads "
+                "from its third argument with args= (integrate(..., args=...), sweep(..., args=...))"
+            ) from err
+
 
 def as_field(field: Callable) -> AbstractField:
     """Return `field` itself if it is a geomjax field, else wrap a plain callable `x ↦ ẋ`."""

@@ -1,13 +1,12 @@
 """The Dirac-extended Hamiltonian vector field (seed 000, Theorem 1 and eq. 4)."""
 
 import equinox as eqx
-import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .derived import constraint_data, dirac_vector
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
-from .._validate import require_invertible
+from .._validate import as_state, require_invertible
 
 
 def constraint_matrix_at(system: System, x):
@@ -93,6 +92,19 @@ def dirac_field(system: System) -> DiracField:
 def constraint_matrix(system: System, x: Float[ArrayLike, " n"]) -> Float[Array, "c c"]:
     """C_ij = {f_i, f_j}(x), the matrix the Dirac formula inverts (shape `(2k, 2k)`).
 
-    Example: for the spherical pendulum with f = (|q|², q·p), C = [[0, 2|q|²], [−2|q|², 0]].
+    `x` is a flat state of the system's length (a state of another length is a
+    ValueError naming both lengths).
+
+    Example: for the spherical pendulum with f = (|q|², q·p), C = [[0, 2|q|²], [−2|q|², 0]]:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> geomjax.constraint_matrix(model.system, model.x0).tolist()
+    [[0.0, 2.0], [-2.0, 0.0]]
+
+    ```
     """
-    return _constraint_matrix_compiled(system, jnp.asarray(x))
+    if not isinstance(system, System):
+        raise TypeError(f"constraint_matrix needs a geomjax.System, got {type(system).__name__}")
+    return _constraint_matrix_compiled(system, as_state(x, system.dim, "x"))

@@ -14,7 +14,7 @@ from .dirac import check_constraint_matrix, start_values
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
 from .._monitored import START_TOL, check_on_constraint_set
-from .._validate import as_state, checked_where_known, host_array, is_concrete
+from .._validate import as_state, check_real, check_tolerance, checked_where_known, host_array, is_concrete
 
 
 def _gain_array(gains, m: int):
@@ -206,7 +206,8 @@ class AbstractFeedbackField(SystemField):
         """This field with Bae & Chang's adaptive gain: Y = X − α(x)L∇V with
         α(x) = 1/(h·max(floor, c‖L·DFᵀKDF(x)‖_F)) (∇²V on the invariant set), h = `dt` the
         step it will be run with and
-        c = `safety` (see `geomjax.AdaptiveFeedbackField`).
+        c = `safety` (see `geomjax.AdaptiveFeedbackField`). A `dt` that is not a positive
+        finite number (where it is known) is a ValueError.
 
         Example (Kepler-like use: the gains only set the weights, α sets the strength):
 
@@ -225,6 +226,7 @@ class AbstractFeedbackField(SystemField):
 
         if not (isinstance(safety, (int, float)) and safety > 0 and isinstance(floor, (int, float)) and floor > 0):
             raise ValueError(f"adaptive gains need a positive safety factor and floor, got {safety!r} and {floor!r}")
+        check_real(dt, "dt", "a positive finite scalar (the step the field will be run with)")
         return AdaptiveFeedbackField(self, jnp.asarray(dt, jnp.float64), float(safety), float(floor))
 
     def _apply_metric(self, z, grad_v):
@@ -313,9 +315,9 @@ def resolve_target(system, x0, target, target_at, value_at_x0=None):
     return x0, (target_at(x0) if value_at_x0 is None else value_at_x0), False, m
 
 
-def _start_checks(system, x0, start):
+def _start_checks(system, x0, start, start_tol):
     check_constraint_matrix(system, x0, matrix=start[1])
-    check_on_constraint_set(system, x0, START_TOL, residuals=start[2])
+    check_on_constraint_set(system, x0, start_tol, residuals=start[2])
 
 
 def feedback_field(
@@ -325,6 +327,7 @@ def feedback_field(
     metric: Callable | jax.Array | float | None = None,
     *,
     target=None,
+    start_tol: float | None = START_TOL,
 ) -> AbstractFeedbackField:
     """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
 
@@ -351,7 +354,10 @@ def feedback_field(
     - `x0`: an initial state: F₀ = F(x0) when the field is called directly, and x0 is
       checked (on the constraint set, C invertible). Optional. `geomjax.integrate` always
       takes F₀ from the run's own initial state, so one field serves many initial states
-      (`jax.vmap` over x0 included).
+      (`jax.vmap` over x0 included). The constraint set is g = 0 with {g, H} = 0 for
+      `holonomic=g`, J = 0 for nonholonomic systems, the group for embedded structures;
+      for `constraints=f` it is the level set of f through x0, so every x0 is on it (pin
+      another level with `target=`).
     - `gains`: K as a positive scalar (K = kI), a vector with one gain ≥ 0 per entry of F
       (at least one positive; a zero leaves that quantity out of V, e.g. H when the
       other integrals already fix it), or a symmetric positive-definite matrix. On an
@@ -360,10 +366,21 @@ def feedback_field(
       or a callable `x ↦ L(x)` (checked at x0).
     - `target`: pin F₀ to these values for every run (e.g. an energy level other than
       the start's); the run is then pulled towards them.
+    - `start_tol`: the tolerance of the check that x0 is on the constraint set, as in
+      `geomjax.integrate` (largest residual ≤ `start_tol·(1 + max|x0|)`, default 1e-8);
+      `None` builds the field from an x0 off the set on purpose. F₀ = F(x0) then holds
+      a holonomic system on the level g = g(x0), not on g = 0 (give `target=` to pull it
+      onto the set); a nonholonomic J and an embedded group's defect are pulled to 0.
 
     **Returns:**
 
     A `FeedbackField`, callable `x ↦ Y(x)` on flat states; `.lyapunov(x)` gives V(x).
+
+    Inside `jit`: the field holds the system's Python functions, which `jax.jit` can
+    neither take as arguments nor return (JAX raises a TypeError naming the function's
+    path, before and after geomjax runs). Build the field inside the jitted function that
+    uses it (gains, x0 and parameters may be traced there), or jit the builder with
+    `equinox.filter_jit(geomjax.feedback_field)`, which treats the functions as static.
 
     Example (seed 000 §2.3, k₁..k₄ = 50):
 
@@ -379,11 +396,12 @@ def feedback_field(
     """
     if not isinstance(system, System):
         raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
+    check_tolerance(start_tol, "start_tol", zero_ok=True, none_means="to build from off the constraint set on purpose")
     if isinstance(system, NonholonomicSystem):
         # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
         from .nonholonomic import nonholonomic_feedback_field
 
-        return nonholonomic_feedback_field(system, x0, gains, metric, target=target)
+        return nonholonomic_feedback_field(system, x0, gains, metric, target=target, start_tol=start_tol)
     if gains is None:
         raise TypeError("feedback_field needs gains: a positive scalar, one ≥ 0 per entry of F, or an SPD matrix")
     start = None
@@ -394,7 +412,7 @@ def feedback_field(
         system, x0, target, lambda x: _conserved_quantities(system, x), None if start is None else start[0]
     )
     if start is not None:
-        checked_where_known(_start_checks, system, x0, start)
+        checked_where_known(_start_checks, system, x0, start, start_tol)
     k, k_emb = split_gains(gains, m, has_embedding(system.structure), "(f, H, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return FeedbackField(system, target, k, metric, pinned, embedding_gain=k_emb)

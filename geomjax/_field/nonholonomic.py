@@ -337,17 +337,20 @@ def _constraint_count(system) -> int:
     return jax.eval_shape(lambda x: system.constraint_momenta(x), spec).shape[0]
 
 
-def _start_checks(system, x0):
+def _start_checks(system, x0, start_tol):
     check_matrix(system, x0)
-    check_on_constraint_set(system, x0, START_TOL)
+    check_on_constraint_set(system, x0, start_tol)
 
 
-def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, target=None) -> NonholonomicFeedbackField:
+def nonholonomic_feedback_field(
+    system: System, x0, gains, metric=None, *, target=None, start_tol=START_TOL
+) -> NonholonomicFeedbackField:
     """Feedback field of a nonholonomic system; called by `geomjax.feedback_field`.
 
     F = (J, H_ext, integrals) with target (0, H_ext(x0), I(x0)), V = ½ΔᵀKΔ (+ k₀/4‖D‖²
     when the structure is embedded, k₀ the last gain), Y = X − L∇V, X the extended field.
 
+    `start_tol`: as in `feedback_field` (None: build from an x0 off J = 0 on purpose).
     `gains`: a positive scalar, or one gain ≥ 0 per entry of F, at least one positive (then
     one more, k₀, for an embedded structure), or an SPD matrix over F (structures without
     embedding).
@@ -362,7 +365,7 @@ def nonholonomic_feedback_field(system: System, x0, gains, metric=None, *, targe
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
     if x0 is not None and is_concrete(x0):
-        checked_where_known(_start_checks, system, x0)
+        checked_where_known(_start_checks, system, x0, start_tol)
     k_main, k_emb = split_gains(gains, m, has_embedding(system.structure), "(J, H_ext, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return NonholonomicFeedbackField(system, target, k_main, k_emb, metric, pinned)

@@ -33,7 +33,8 @@ class ImplicitTableau(eqx.Module):
 
     **Fields:**
 
-    - `a`: the s × s matrix A as a tuple of rows; `b`: the weights (length s).
+    - `a`: the s × s matrix A as a tuple of rows; `b`: the weights (length s). Another
+      shape, or non-finite coefficients, is a ValueError at construction.
     - `order`: the classical order; `symplectic`: whether bᵢaᵢⱼ + bⱼaⱼᵢ = bᵢbⱼ holds.
     - `c`: the nodes cᵢ = Σⱼ aᵢⱼ (a property).
     """
@@ -42,6 +43,20 @@ class ImplicitTableau(eqx.Module):
     b: tuple = eqx.field(static=True)
     order: int = eqx.field(static=True)
     symplectic: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        s = len(self.b)
+        if s < 1:
+            raise ValueError("ImplicitTableau needs at least one stage: b is empty")
+        lengths = [len(row) for row in self.a]
+        if len(lengths) != s or any(n != s for n in lengths):
+            raise ValueError(
+                f"ImplicitTableau: A must be an s × s matrix with s = len(b) = {s} stage{'s' if s != 1 else ''}; got {len(lengths)} "
+                f"row{'s' if len(lengths) != 1 else ''} of length{'s' if len(lengths) != 1 else ''} {lengths}"
+            )
+        values = [float(v) for row in self.a for v in row] + [float(v) for v in self.b]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError("ImplicitTableau: the coefficients A and b must be finite")
 
     @property
     def c(self) -> tuple:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 from ..internal.pieces import evaluate_on_pieces
 
@@ -229,7 +230,8 @@ class PoissonStructure(_FlatStructure):
     **Arguments:**
 
     - `tensor`: callable `x ↦ B(x)` returning an antisymmetric `(dim, dim)` array that
-      satisfies the Jacobi identity (not checked; `geomjax.bracket` lets you test it).
+      satisfies the Jacobi identity (not checked; `geomjax.bracket` lets you test it). A
+      matrix is a TypeError: for a constant B pass `lambda x: B`.
     - `dim`: the dimension of the state space (optional; when given, states of another
       length are rejected with a clear error).
 
@@ -242,6 +244,20 @@ class PoissonStructure(_FlatStructure):
 
     tensor: Callable
     dim: int | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if not callable(self.tensor):
+            shape = getattr(self.tensor, "shape", None)
+            got = f"an array of shape {tuple(shape)}" if shape is not None else f"a {type(self.tensor).__name__}"
+            n = shape[0] if shape is not None and len(shape) == 2 else "n"
+            raise TypeError(
+                f"PoissonStructure takes a callable x ↦ B(x), got {got}. For a constant tensor B, "
+                f"pass a function that returns it: geomjax.PoissonStructure(lambda x: B, dim={n})"
+            )
+        if self.dim is not None and (
+            isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 1
+        ):
+            raise ValueError(f"PoissonStructure: dim must be a positive integer (or None), got {self.dim!r}")
 
     def apply(self, z, grad):
         return self.tensor(z) @ grad

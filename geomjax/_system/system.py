@@ -23,16 +23,28 @@ def _as_tuple(integrals):
     return integrals
 
 
+def _require_real(out, what: str) -> None:
+    """Raise a TypeError if the traced output `out` of the user function `what` is complex."""
+    dtype = getattr(out, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.complexfloating):
+        raise TypeError(
+            f"{what} returns complex values (dtype {dtype}): the functions of a geomjax System are real "
+            "functions of a real state (their gradients and brackets are taken in the real sense). Return a "
+            "real array, e.g. jnp.real(...) of it if the imaginary part vanishes by construction"
+        )
+
+
 def _check_user_functions(system) -> None:
     """Trace the user functions once on an abstract state (no values are computed): each
-    must be traceable by JAX and return the documented shape. Skipped where the structure
-    does not fix the state's length."""
+    must be traceable by JAX and return real values of the documented shape. Skipped
+    where the structure does not fix the state's length."""
     structure = system.structure
     dim = structure.dim
     if dim is None:
         return
     spec = jax.ShapeDtypeStruct((dim,), jnp.float64)
     out = trace_user_function(system.hamiltonian, spec, "the hamiltonian")
+    _require_real(out, "the hamiltonian")
     if getattr(out, "shape", None) != ():
         shape = getattr(out, "shape", type(out).__name__)
         raise ValueError(
@@ -41,6 +53,7 @@ def _check_user_functions(system) -> None:
         )
     if system.constraints is not None:
         out = trace_user_function(system.constraints, spec, "constraints")
+        _require_real(out, "constraints")
         if getattr(out, "ndim", None) not in (0, 1):
             raise ValueError(
                 f"constraints must return a vector f(x) of shape (2k,), got shape {getattr(out, 'shape', None)}"
@@ -54,12 +67,14 @@ def _check_user_functions(system) -> None:
             )
     if system.holonomic is not None:
         out = trace_user_function(lambda x: system.holonomic(structure.split(x)[0]), spec, "holonomic")
+        _require_real(out, "holonomic")
         if getattr(out, "ndim", None) not in (0, 1):
             raise ValueError(
                 f"holonomic must return a vector g(q) of shape (k,), got shape {getattr(out, 'shape', None)}"
             )
     for i, fn in enumerate(system.integrals):
         out = trace_user_function(fn, spec, f"integrals[{i}]")
+        _require_real(out, f"integrals[{i}]")
         if getattr(out, "ndim", None) not in (0, 1):
             raise ValueError(
                 f"integrals[{i}] must return a scalar or a vector, got shape {getattr(out, 'shape', None)}"

@@ -14,8 +14,10 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float
 
 from .._field.adaptive_gain import scale_gains
+from .._field.feedback import AbstractFeedbackField
 from .._field.base import FunctionField
 from .._step.methods import build_step, method_order
+from .._validate import check_step_size, known
 
 
 class FeedbackAccuracyWarning(UserWarning):
@@ -116,7 +118,19 @@ def feedback_rate(field, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
 
     ```
     """
+    require_feedback(field, "feedback_rate")
     return _feedback_rate(field, jnp.asarray(x))
+
+
+def require_feedback(field, what: str) -> None:
+    """Raise a TypeError unless `field` is a feedback field (it has gains and V)."""
+    if not isinstance(field, AbstractFeedbackField):
+        raise TypeError(
+            f"{what} needs a feedback field Y = X − L∇V (geomjax.feedback_field(system, x0, gains=...)), "
+            f"got a {type(field).__name__}: a field without feedback has no gains and no λ_max(L∇²V) to "
+            "check. Build the feedback field of the same system, or, for a plain explicit method, "
+            "compare dt with geomjax.stability_interval(method)"
+        )
 
 
 @eqx.filter_jit
@@ -150,8 +164,23 @@ def dynamics_rate(field, x):
     return jnp.linalg.norm(jax.jacfwd(plain)(jnp.asarray(x)), 2)
 
 
-def _states(x0):
+def _states(x0, dim=None):
+    """The initial states as a `(B, n)` float64 array, checked: one state or a batch, of
+    the field's length, finite where the values are known (a NaN start has NaN rates, and
+    every comparison with NaN would find nothing wrong)."""
     x0 = jnp.asarray(x0, jnp.float64)
+    if x0.ndim not in (1, 2):
+        raise ValueError(f"x0 must be one flat state (n,) or a batch (B, n), got shape {tuple(x0.shape)}")
+    if dim is not None and x0.shape[-1] != dim:
+        raise ValueError(f"x0 has states of length {x0.shape[-1]}, but the field's state has length {dim}")
+    values = known(x0)
+    if values is not None and not np.all(np.isfinite(values)):
+        where = (
+            f"indices {np.flatnonzero(~np.isfinite(values)).tolist()}"
+            if values.ndim == 1
+            else f"rows {np.flatnonzero(~np.isfinite(values).all(axis=1)).tolist()}"
+        )
+        raise ValueError(f"x0 has non-finite entries (NaN or inf) at {where}: the rates there would be NaN")
     return x0[None] if x0.ndim == 1 else x0
 
 
@@ -223,6 +252,9 @@ def check_gains(
       λ = ω/10 (within half the stability interval) for higher orders.
 
     `x0` is one flat initial state or a batch `(B, n)` (the largest rates are used).
+    A field without feedback is a TypeError; a `dt` that is not a positive finite number,
+    a non-finite x0 or rates that are not finite there are a ValueError (never a check
+    that finds nothing wrong).
 
     Example:
 
@@ -236,8 +268,16 @@ def check_gains(
 
     ```
     """
-    x0s = _states(x0)
-    lam, omega = (float(jnp.max(r)) for r in _rates(field, x0s))
+    require_feedback(field, "check_gains")
+    check_step_size(dt)
+    x0s = _states(x0, field.dim)
+    lam, omega = (float(np.max(np.asarray(r))) for r in _rates(field, x0s))
+    if not (math.isfinite(lam) and math.isfinite(omega)):
+        raise ValueError(
+            f"the rates at the initial states are not finite (λ_max(L∇²V) = {lam}, ‖DX‖ = {omega}): the "
+            "field or its derivatives are NaN/inf there (a singular constraint matrix, a NaN parameter or "
+            "gain), so nothing can be said about the gains"
+        )
     bound = stability_interval(method)
     order = method_order(method)
     messages = []

@@ -38,6 +38,9 @@ def drift_slope(
     - `ts`: times, shape `(n,)`; `errors`: the error values (e.g. |H − H₀|), shape `(n,)`.
     - `windows`: number of windows (each must hold at least one point).
 
+    Non-finite `ts` or `errors` (e.g. the NaN saves after a failed run) are a ValueError
+    that names the input and the indices: a NaN slope is never returned.
+
     **Returns:**
 
     A `DriftFit`.
@@ -60,6 +63,22 @@ def drift_slope(
         raise ValueError(f"ts and errors differ in length ({ts.size} vs {errors.size})")
     if windows < 2 or ts.size < windows:
         raise ValueError(f"need at least 2 windows and one point per window (got {windows} windows, {ts.size} points)")
+    hints = {
+        "ts": "the times must be finite",
+        "errors": (
+            "a failed run's saves after its failure are NaN: fit the saves before "
+            "sol.failed_step (and check sol.ok), or pass drift_tol=None to integrate to measure "
+            "a drift that the default monitoring stops"
+        ),
+    }
+    for name, values in (("ts", ts), ("errors", errors)):
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            more = f" and {bad.size - 8} more" if bad.size > 8 else ""
+            raise ValueError(
+                f"{name} has non-finite entries (NaN or inf) at indices {bad[:8].tolist()}{more} of "
+                f"{values.size}, so the fitted slope would be NaN; {hints[name]}"
+            )
     parts = np.array_split(np.arange(ts.size), windows)
     centres = np.array([ts[idx].mean() for idx in parts])
     maxima = np.array([errors[idx].max() for idx in parts])

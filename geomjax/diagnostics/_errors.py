@@ -1,13 +1,27 @@
 """Error series of conserved quantities and constraints along a trajectory."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._driver.solution import Solution
 from .._system.system import HolonomicSystem, System
 
 
-def _states(xs):
+def _states(xs, system, what: str):
+    """The trajectory `xs` as an `(n, dim)` array, for the error series `what` (a
+    Solution in either place is a TypeError saying to pass the system and sol.xs)."""
+    if isinstance(system, Solution) or eqx.is_array_like(system):
+        raise TypeError(
+            f"{what} takes the system first, then the states: {what}(system, sol.xs); got "
+            f"{type(system).__name__} as the system"
+        )
+    if isinstance(xs, Solution):
+        raise TypeError(
+            f"{what} takes the saved states, an array of shape (n, dim), not a geomjax.Solution: "
+            f"pass sol.xs ({what}(system, sol.xs))"
+        )
     xs = jnp.asarray(xs)
     if xs.ndim != 2:
         raise ValueError(f"xs must be a trajectory of flat states, shape (n, dim); got shape {tuple(xs.shape)}")
@@ -46,7 +60,7 @@ def invariant_errors(
 
     ```
     """
-    xs = _states(xs)
+    xs = _states(xs, system, "invariant_errors")
     values = jax.vmap(system.conserved_quantities)(xs)
     start = values[0] if reference is None else system.conserved_quantities(jnp.asarray(reference))
     return jnp.abs(values - start[None, :])
@@ -69,7 +83,7 @@ def constraint_errors(system: System, xs: Float[ArrayLike, "steps dim"]) -> Floa
 
     ```
     """
-    xs = _states(xs)
+    xs = _states(xs, system, "constraint_errors")
     values = jax.vmap(system.constraint_functions)(xs)
     if isinstance(system, HolonomicSystem):
         return jnp.abs(values)
@@ -92,7 +106,7 @@ def energy_errors(
 
     ```
     """
-    xs = _states(xs)
+    xs = _states(xs, system, "energy_errors")
     values = jax.vmap(system.hamiltonian)(xs)
     start = values[0] if reference is None else system.hamiltonian(jnp.asarray(reference))
     return jnp.abs(values - start)

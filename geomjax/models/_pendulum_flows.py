@@ -10,7 +10,11 @@ part H² = m g qₙ. Restricted to T*S = {|q| = r, q·p = 0}, each has a flow in
   p(t) = p − t m g (eₙ − (qₙ/r²) q).
 
 Both keep |q|, q·p and the vertical angular momentum q₁p₂ − q₂p₁ exactly, so Lie–Trotter
-and Strang splittings built from them stay on T*S and conserve J up to round-off.
+and Strang splittings built from them stay on T*S and conserve J up to round-off. Since
+they keep |q| whatever it is, a start with |q| ≠ ℓ would run a pendulum of another length
+and report success: the flows know the model's rod length ℓ, and their constraint
+residuals (|q|² − ℓ², q·p/|q|) make `geomjax.integrate` reject such a start
+(`RESULTS.off_constraint_set`, or a ValueError before the run) like any other step's.
 """
 
 import jax
@@ -46,10 +50,12 @@ def _check_on_cotangent_sphere(structure, x0):
         raise ValueError("the pendulum sub-flows need q0 ≠ 0 (the sphere |q| = r has r > 0)")
 
 
-def _tangency(structure, x):
-    """q·p/|q|, which vanishes on T*S (the momentum tangent to the sphere through q)."""
+def _residuals(structure, length, x):
+    """(|q|² − ℓ², q·p/|q|), which vanish on T*S: q on the sphere of the rod's length ℓ
+    and the momentum tangent to it."""
     q, p = structure.split(x)
-    return jnp.atleast_1d(q @ p / jnp.sqrt(q @ q))
+    r2 = q @ q
+    return jnp.stack([r2 - length * length, q @ p / jnp.sqrt(r2)])
 
 
 class GreatCircleFlow(StructureStep):
@@ -61,12 +67,13 @@ class GreatCircleFlow(StructureStep):
 
     structure: CanonicalStructure
     mass: jax.Array
+    length: jax.Array
 
     def check(self, x0) -> None:
         _check_on_cotangent_sphere(self.structure, x0)
 
     def constraint_residuals(self, x):
-        return _tangency(self.structure, x)
+        return _residuals(self.structure, self.length, x)
 
     def advance(self, t, z, h, args):
         del t, args
@@ -85,12 +92,13 @@ class GravityKick(StructureStep):
     structure: CanonicalStructure
     mass: jax.Array
     gravity: jax.Array
+    length: jax.Array
 
     def check(self, x0) -> None:
         _check_on_cotangent_sphere(self.structure, x0)
 
     def constraint_residuals(self, x):
-        return _tangency(self.structure, x)
+        return _residuals(self.structure, self.length, x)
 
     def advance(self, t, z, h, args):
         del t, args
@@ -116,12 +124,16 @@ def pendulum_flows(model: Model) -> tuple[GreatCircleFlow, GravityKick]:
 
     Each is the exact Hamiltonian flow of its part restricted to T*S, so each is
     symplectic on T*S and keeps |q|, q·p and q₁p₂ − q₂p₁; Lie–Trotter and Strang
-    compositions inherit this. Both steps reject a start with q·p ≠ 0 in `check`.
+    compositions inherit this. Both know T*S = {|q| = ℓ, q·p = 0} for the model's rod
+    length ℓ: their constraint residuals are (|q|² − ℓ², q·p/|q|), so `geomjax.integrate`
+    rejects a start off T*S (e.g. |q|² = 1.5 for ℓ = 1, which the flows would otherwise
+    run as a pendulum of length √1.5) as it does for every other step (`start_tol`).
 
     **Arguments:**
 
     - `model`: `geomjax.models.spherical_pendulum(...)` or `planar_pendulum(...)`
-      (either form of the constraint); m and g are read from `model.params`.
+      (either form of the constraint); m, g and the rod length ℓ are read from
+      `model.params`.
 
     **Returns:**
 
@@ -138,5 +150,5 @@ def pendulum_flows(model: Model) -> tuple[GreatCircleFlow, GravityKick]:
     """
     n = model.x0.shape[0] // 2
     structure = canonical(n)
-    m, g = model.params["m"], model.params["g"]
-    return GreatCircleFlow(structure, m), GravityKick(structure, m, g)
+    m, g, length = model.params["m"], model.params["g"], model.params["length"]
+    return GreatCircleFlow(structure, m, length), GravityKick(structure, m, g, length)
