@@ -326,3 +326,38 @@ def test_a_tuning_objective_that_closes_over_an_array():
     np.testing.assert_allclose(closed[0], leaf[0], rtol=1e-12)
     np.testing.assert_allclose(closed[1], leaf[1], rtol=1e-12)
     assert not np.allclose(closed[0], other[0]) and not np.allclose(closed[1][1:], other[1][1:])
+
+
+def _contact_hamiltonian(a, q, m, s):
+    return 0.5 * m @ m + 0.5 * q @ q + a * s
+
+
+def _foucault_constraint(rate, q, v):
+    return -q[1] * v[0] + q[0] * v[1] + rate * (q @ q)
+
+
+# The other families, values only: a closed-over parameter and a traced dt under jit give
+# the run the same code gives with both concrete (one program each).
+MORE = {
+    "project(rk4)": (lambda w, p: geomjax.project(geomjax.explicit_rk(geomjax.dirac_field(_holonomic_system(w, p)), geomjax.RK4),
+                                                  _holonomic_system(w, p)), SPHERE_X0),
+    "triple_jump(rattle)": (lambda w, p: geomjax.triple_jump(geomjax.rattle(_holonomic_system(w, p))), SPHERE_X0),
+    "ab3": (lambda w, p: geomjax.adams_bashforth(geomjax.dirac_field(_holonomic_system(w, p)), 3), SPHERE_X0),
+    "contact_field(rk4)": (lambda w, p: geomjax.explicit_rk(geomjax.contact_field(
+        geomjax.ContactHamiltonianSystem(w(_contact_hamiltonian, p), 1)), geomjax.RK4), jnp.array([1.0, 0.3, 0.0])),
+    "herglotz(nonholonomic)": (lambda w, p: geomjax.herglotz(
+        lambda q, v, z: 0.5 * v @ v - 0.5 * q @ q - 0.1 * z, nonholonomic=geomjax.VelocityConstraint(w(_foucault_constraint, p))),
+        jnp.array([0.6, 0.1, 0.0, 0.0, 0.0])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_other_families_with_a_closed_over_parameter_and_a_traced_step_size(name):
+    make, x0 = MORE[name]
+
+    def final(p, dt):
+        return geomjax.integrate(make(closure, p), x0, **run(dt)).xs[-1]
+
+    traced = jax.jit(final)(P, DT)
+    assert _close(traced, final(P, DT), 1e-12)
+    assert not _close(traced, final(0.8 * P, DT), 1e-6)  # the parameter acts
