@@ -5,8 +5,6 @@ A run's bookkeeping is one int64 array `record = (steps taken, first failed step
 status code)`, indexed by `STEPS`, `FAILED_STEP`, `STATUS`.
 """
 
-from collections import OrderedDict
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -15,50 +13,24 @@ from .._monitored import AbstractMonitored
 from .._status import RESULTS, from_code
 from .solution import Solution
 
-# Compiled programs of the driver, keyed by (program, static structure of the inputs,
-# static options). An `eqx.filter_jit` re-partitions the modules on every call (a few
-# hundred microseconds for a step); here the inputs are flattened once, the array leaves
-# are the arguments of a plain `jax.jit` and everything else is closed over.
-_PROGRAMS: OrderedDict = OrderedDict()
-_MAX_PROGRAMS = 256
-_ARRAY = object()
+
+@eqx.filter_jit
+def _compiled(program, options, *trees):
+    return program(*trees, *options)
 
 
 def compiled_call(program, options: tuple, *trees):
-    """`program(*trees, *options)` compiled once per static structure of `trees`.
+    """`program(*trees, *options)`, compiled by `equinox.filter_jit` once per static
+    structure of its inputs: array leaves (jax or numpy arrays, tracers) of `trees` and
+    of `options` are traced, everything else (the program, functions, Python numbers)
+    is static and part of JAX's cache key, so two closures are two programs. Works
+    inside jit/vmap/grad; values a function closes over are traced by the enclosing
+    transformation, not baked in.
 
-    Array leaves (jax or numpy arrays, tracers) of `trees` and of `options` are traced;
-    other leaves (functions, Python numbers) are static, as with `eqx.filter_jit`. (An
-    option may be a tracer: a tolerance swept by a `jit`-ed loop.) Works inside
-    jit/vmap/grad.
+    (A process-wide cache of its own, keyed the same way, was 50 µs faster per call on a
+    run of 10 steps, 150 against 200 µs: not worth a second cache beside JAX's.)
     """
-    leaves, treedef = jax.tree_util.tree_flatten((trees, options))
-    dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
-    static = tuple(_ARRAY if eqx.is_array(leaf) else leaf for leaf in leaves)
-    key = (program, treedef, static)
-    entry = _PROGRAMS.get(key)
-    if entry is None:
-        # The non-array leaves of the output (e.g. the functions inside a step that
-        # `begin` returns) are kept from tracing and put back after each call.
-        out_static = []
-
-        def run(dynamic):
-            it = iter(dynamic)
-            full = [next(it) if leaf is _ARRAY else leaf for leaf in static]
-            inputs, opts = jax.tree_util.tree_unflatten(treedef, full)
-            out = program(*inputs, *opts)
-            out_dynamic, rest = eqx.partition(out, eqx.is_array)
-            mixed = any(leaf is not None for leaf in jax.tree_util.tree_leaves(rest))
-            out_static[:] = [rest] if mixed else []
-            return out_dynamic if mixed else out
-
-        entry = _PROGRAMS[key] = (jax.jit(run), out_static)
-        if len(_PROGRAMS) > _MAX_PROGRAMS:
-            _PROGRAMS.popitem(last=False)
-    compiled, out_static = entry
-    out = compiled(dynamic)
-    return eqx.combine(out, out_static[0]) if out_static else out
-
+    return _compiled(program, options, *trees)
 
 
 def nan_max(x, axis):
