@@ -256,22 +256,32 @@ def _close(a, b, rtol):
 EPS = 1e-5
 
 
+# Eager `jax.grad` (the closed-over value a LinearizeTracer outside any jit) for a few
+# families: it goes through the same compiled entry programs for all of them.
+EAGER = {"dirac_euler", "rattle", "sweep", "dirac_rk"}
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
 def test_a_closed_over_parameter_differentiates_as_an_explicit_one(case):
     closed = lambda p, dt=DT: case(closure, p, dt)
     passed = lambda p: case(explicit, p)
-    # One program for the values: vmap over the closed-over value, dt traced with x0
-    # concrete (the start checks must leave traced values to the run's own status).
-    ps = jnp.array([P + EPS, P - EPS, P, 0.8 * P])
-    values = jax.jit(jax.vmap(closed, in_axes=(0, None)))(ps, DT)
-    value, reference = jax.jit(jax.value_and_grad(passed))(P)
+
+    @jax.jit
+    def everything(ps, p, dt):
+        # vmap over the closed-over value with dt traced and x0 concrete (the start
+        # checks must leave traced values to the run's own status); the explicit form's
+        # value and gradient; the closed-over form's gradient and forward derivative.
+        values = jax.vmap(closed, in_axes=(0, None))(ps, dt)
+        return values, jax.value_and_grad(passed)(p), jax.grad(closed)(p), jax.jacfwd(closed)(p)
+
+    values, (value, reference), grad, jacfwd = everything(jnp.array([P + EPS, P - EPS, P]), P, DT)
     fd = (values[0] - values[1]) / (2 * EPS)
     assert _close(values[2], value, 1e-12), (values[2], value)
-    assert _close(values[3], jax.jit(closed)(0.8 * P), 1e-12)
     assert abs(fd) > 1e-5, "the loss hardly depends on the parameter: no check"
     assert _close(reference, fd, 1e-6), (reference, fd)
-    derivatives = dict(zip(["jit(grad)", "jit(jacfwd)"], jax.jit(lambda p: (jax.grad(closed)(p), jax.jacfwd(closed)(p)))(P)))
-    derivatives["grad"] = jax.grad(closed)(P)
+    derivatives = {"jit(grad)": grad, "jit(jacfwd)": jacfwd}
+    if case.__name__ in EAGER:
+        derivatives["grad"] = jax.grad(closed)(P)
     for name, d in derivatives.items():
         assert _close(d, reference, 1e-9), (name, float(d), reference, fd)
 
