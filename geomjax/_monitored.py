@@ -77,7 +77,8 @@ class AbstractMonitored(eqx.Module):
         """Labels of the entries of `(invariants(x), constraint_residuals(x))`, for messages:
         here their indices, `("[0]", "[1]", …)`; targets built from a system use its names.
         Reads only shapes (`x` may be traced)."""
-        inv, res = jax.eval_shape(lambda y: (self.invariants(y), self.constraint_residuals(y)), x)
+        spec = jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+        inv, res = jax.eval_shape(lambda y: (self.invariants(y), self.constraint_residuals(y)), spec)
         return numbered("", inv.shape[0]), numbered("", res.shape[0])
 
     def monitored(self, x):

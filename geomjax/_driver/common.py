@@ -163,6 +163,7 @@ def drift_detail(target: AbstractMonitored, x0, sol: Solution, save_every: int, 
     its bound; for `constraint_violation`, a residual or a non-finite quantity.
     Recomputes the monitored values there (once per run, after it)."""
     code = sol.status
+    x0 = lax.stop_gradient(x0)  # a diagnostic: nothing here is differentiated
     target = target.at_start(target.split(x0))
     invariant_labels, residual_labels = target.quantity_labels(x0)
     inv0, _ = target.monitored(x0)

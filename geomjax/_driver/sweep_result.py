@@ -121,10 +121,10 @@ class SweepResult(eqx.Module):
     def _measured(self, index, code: int, step: int) -> str:
         """`measured_sentence` from the saved errors at the member's failing save."""
         definition = json.loads(self.definition)
-        drift_tol = definition.get("drift_tol")
-        if drift_tol is None or step <= 0 or not isinstance(drift_tol, (int, float)):
+        drift_tol, save_every = definition.get("drift_tol"), definition.get("save_every")
+        if step <= 0 or not isinstance(drift_tol, (int, float)) or not isinstance(save_every, int):
             return ""
-        save = min(step // definition["save_every"], self.ts.shape[0] - 1)
+        save = min(step // save_every, self.ts.shape[0] - 1)
         invariant_labels = definition.get("quantity_labels", [[], []])[0]
         if code == int(RESULTS.invariant_drift._value):
             errors = np.asarray(self.invariant_error[index][save])
