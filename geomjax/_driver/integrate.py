@@ -7,7 +7,9 @@ What a run guarantees (under `jit` and `vmap` too):
   step 0 with `RESULTS.nonfinite_start` / `RESULTS.off_constraint_set`;
 - every step is checked for a non-finite state and for its own failure (a Newton solve);
 - at every save point the monitored quantities of the field or step (constraint
-  residuals, first integrals) are compared with `drift_tol`;
+  residuals, first integrals) are compared with `drift_tol`; a drift's message names the
+  quantity and its value (`Solution.detail`, computed after the run);
+- with `accuracy_tol`, the saves are compared with the same run at dt/2 (`_compared`);
 - after the first failure the state stops advancing (so losses on earlier states have
   the gradients of the shorter run), and later saves are NaN, in value and in
   derivative: a loss that reads them has a NaN gradient (forward and reverse mode), so
