@@ -34,7 +34,11 @@ from ._step.runge_kutta import (
     ButcherTableau as ButcherTableau,
     explicit_rk as explicit_rk,
 )
-from ._driver.solution import IntegrationError as IntegrationError, Solution as Solution
+from ._driver.solution import (
+    FailureDetail as FailureDetail,
+    IntegrationError as IntegrationError,
+    Solution as Solution,
+)
 from ._status import RESULTS as RESULTS
 from ._step.base import AbstractStep as AbstractStep, FunctionStep as FunctionStep
 from ._system.structures import (

@@ -13,6 +13,9 @@ what a run must keep:
   their initial values is reported as `RESULTS.invariant_drift`.
 - `at_start(z0)`: the field or step specialised to one run; a feedback field sets its
   target values from the run's own initial state here.
+- `quantity_labels(x)`: names of those quantities, for the messages of failed runs
+  ("the first integral H drifted by …"): a system's own (`System(..., names=...)`, or
+  by kind: "H", "g1", "gdot1", "J1", …), else their indices ("[2]").
 """
 
 import abc
@@ -70,6 +73,14 @@ class AbstractMonitored(eqx.Module):
         """First integrals of the exact flow at the flat state `x`; shape `(i,)`."""
         return empty_like_state(x)
 
+    def quantity_labels(self, x) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Labels of the entries of `(invariants(x), constraint_residuals(x))`, for messages:
+        here their indices, `("[0]", "[1]", …)`; targets built from a system use its names.
+        Reads only shapes (`x` may be traced)."""
+        spec = jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+        inv, res = jax.eval_shape(lambda y: (self.invariants(y), self.constraint_residuals(y)), spec)
+        return numbered("", inv.shape[0]), numbered("", res.shape[0])
+
     def monitored(self, x):
         """`(invariants(x), constraint_residuals(x))`, as the driver checks them at every
         save: evaluated through their simplified scalar graph (`geomjax.internal.simplify`),
@@ -89,6 +100,21 @@ class AbstractSystemMonitored(AbstractMonitored):
 
     def invariants(self, x):
         return self.system.invariants(x)
+
+    def quantity_labels(self, x):
+        from ._system.system import System
+
+        if isinstance(self.system, System):
+            return self.system.quantity_labels(x)
+        return super().quantity_labels(x)
+
+
+def numbered(prefix: str, n: int, start: int = 0) -> tuple[str, ...]:
+    """`n` labels `prefix[i]` (0-based indices), or with `start=1` the names `g1`, `g2`, …
+    (a single one unnumbered, `g`): the default names of monitored entries."""
+    if start:
+        return (prefix,) if n == 1 else tuple(f"{prefix}{i + start}" for i in range(n))
+    return tuple(f"{prefix}[{i}]" for i in range(n))
 
 
 @eqx.filter_jit

@@ -17,9 +17,18 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
 
     Members: `successful`, `nonfinite_start`, `off_constraint_set`,
     `nonfinite_first_step`, `diverged`, `newton_failed`, `constraint_violation`,
-    `invariant_drift`, `solver_failed`, `step_size_collapsed`, `invalid_step_size`. A status is an
-    `equinox.EnumerationItem`; compare it with `==` (it works under `jit` and `vmap`), and
-    read its sentence with `RESULTS[item]`.
+    `invariant_drift`, `solver_failed`, `step_size_collapsed`, `invalid_step_size`,
+    `inaccurate`. A status is an `equinox.EnumerationItem`; compare it with `==` (it works
+    under `jit` and `vmap`), and read its sentence with `RESULTS[item]`.
+
+    What `successful` certifies, exactly: the start was finite and on the constraint set
+    (`start_tol`); every step's own solve converged and every state was finite; at every
+    save point the *monitored* quantities (the constraint residuals and first integrals the
+    field or step declares) were within `drift_tol`. It does not certify accuracy: a run can
+    keep every monitored quantity and still be far from the exact trajectory (a phase
+    error: implicit midpoint at a large step keeps the energy of a pendulum to 1e-13 and is
+    off by more than 1 in its state). `integrate(..., accuracy_tol=...)` adds an estimate
+    of the error, reported as `inaccurate`.
 
     Example:
 
@@ -83,6 +92,13 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
     step_size_collapsed = (
         "the adaptive step size collapsed: the solver rejected every step near the last "
         "accepted state, usually because the field is non-finite there"
+    )
+    inaccurate = (
+        "the accuracy check (accuracy_tol) failed: the state at a save point differs from "
+        "the same run at half the step size (dt/2, twice the steps) by more than "
+        "accuracy_tol relative to 1 + max|x|, so the trajectory is not accurate to that "
+        "tolerance at this step size, whatever the monitored quantities say. Lower dt or "
+        "use a higher-order method (geomjax.method_order)"
     )
 
 

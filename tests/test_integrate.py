@@ -194,3 +194,188 @@ def test_status_name_reads_the_status_one_run_and_under_vmap():
     assert runs.status_name.tolist() == ["successful", "nonfinite_first_step"]
     one = geomjax.integrate(blow_up, jnp.array([1.0]), dt=0.1, steps=3)
     assert one.status_name == "successful" and isinstance(one.status_name, str)
+
+
+# --- what a failure message says ----------------------------------------------------
+
+
+def test_drift_message_names_the_quantity_its_value_and_the_default_method(spherical, spherical_dirac):
+    """Explicit Euler (the default) on the Dirac field stops at step 4906: the message
+    names H, its drift there and the tolerance, and says the method was the default."""
+    with pytest.raises(geomjax.IntegrationError) as err:
+        geomjax.integrate(spherical_dirac, spherical.x0, dt=1e-3, steps=10_000)
+    sol, text = err.value.solution, str(err.value)
+    assert int(sol.failed_step) == 4906 and text == sol.message
+    assert "At that save the first integral H had drifted by 0.0100023" in text
+    assert "against drift_tol = 0.01" in text
+    assert "the default, explicit Euler" in text and 'method="gauss4"' in text
+    # The numbers behind it: H is entry 2 of (f1, f2, H, J), at the saved failing state.
+    assert sol.detail.labels == (("f1", "f2", "H", "J"), ())
+    assert int(sol.detail.quantity) == 2
+    drift = abs(spherical_quantities(sol.xs[4906])[2] - 1.0) / 2.0
+    assert float(sol.detail.value) == pytest.approx(float(drift), rel=1e-12)
+    # An explicit method="euler" is not the default: no note.
+    explicit = geomjax.integrate(spherical_dirac, spherical.x0, dt=1e-3, steps=10_000, method="euler", throw=False)
+    assert "first integral H had drifted" in explicit.message and "default" not in explicit.message
+
+
+def test_drift_detail_under_jit_and_vmap(spherical, spherical_dirac):
+    """Traced runs carry the same detail for `message` outside; under jit, throw=True
+    raises the cause with a pointer to sol.message (its sentence is fixed at trace time)."""
+    run = lambda x0: geomjax.integrate(spherical_dirac, x0, dt=1e-3, steps=6000, save_every=100, throw=False)
+    eager = run(spherical.x0)
+    batch = jax.jit(jax.vmap(run))(jnp.stack([spherical.x0, spherical.x0]))
+    assert batch.message == f"2 of 2 runs failed; run 0: {eager.message}"
+    assert "first integral H had drifted by 0.0102629" in eager.message
+    thrown = jax.jit(lambda x0: geomjax.integrate(spherical_dirac, x0, dt=1e-3, steps=6000, save_every=100).xs)
+    with pytest.raises(Exception, match="are in sol.message") as err:
+        thrown(spherical.x0)
+    assert "a first integral drifted further than drift_tol" in str(err.value)
+    assert "the default, explicit Euler" in str(err.value)
+
+
+def test_constraint_violation_uses_the_systems_names():
+    """A free particle on the sphere under Euler leaves |q|² = 1 first: the message names
+    the residual by the name the System was given, with the bound drift_tol·(1 + max|x0|)."""
+    system = geomjax.System(
+        lambda x: 0.5 * x[3:] @ x[3:],
+        geomjax.canonical(3),
+        holonomic=lambda q: jnp.atleast_1d(q @ q - 1.0),
+        names=("rod", "rod speed", "energy"),
+    )
+    assert system.quantity_labels(jnp.zeros(6)) == (("energy",), ("rod", "rod speed"))
+    unnamed = geomjax.System(system.hamiltonian, system.structure, holonomic=system.holonomic)
+    assert unnamed.quantity_labels(jnp.zeros(6)) == (("H",), ("g", "gdot"))
+    # a step without a system: its residuals by index
+    great_circle, _ = geomjax.models.pendulum_flows(geomjax.models.spherical_pendulum())
+    assert great_circle.quantity_labels(jnp.zeros(6)) == ((), ("[0]",))
+    with pytest.raises(ValueError, match="names has 2 entries.*have 3"):
+        geomjax.System(system.hamiltonian, system.structure, holonomic=system.holonomic, names=("a", "b"))
+    x0 = jnp.array([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    sol = geomjax.integrate(geomjax.dirac_field(system), x0, dt=1e-2, steps=2000, save_every=10, method="euler", throw=False)
+    assert sol.result == geomjax.RESULTS.constraint_violation
+    assert "At that save the constraint residual rod was 0.0202" in sol.message
+    assert "against drift_tol·(1 + max|x0|) = 0.02" in sol.message
+
+
+# --- long save blocks in parts (Ctrl-C acts between them) ----------------------------
+
+
+def _recording(monkeypatch, on_part=None):
+    """Record the programs the driver compiles and calls; `on_part(n)` runs after the
+    n-th call of a part of a save block."""
+    import geomjax._driver.integrate as driver
+
+    calls = []
+    real = driver.compiled_call
+
+    def recorded(program, *rest):
+        out = real(program, *rest)
+        calls.append(program.__name__)
+        if on_part is not None and program.__name__ == "_block_part":
+            on_part(calls.count("_block_part"))
+        return out
+
+    monkeypatch.setattr(driver, "compiled_call", recorded)
+    return calls
+
+
+def test_long_save_blocks_run_in_parts_with_the_results_of_one_call(monkeypatch, spherical, spherical_dirac):
+    """A save block longer than the chunk size runs in compiled parts, checked and saved
+    at its end: the same states, statuses and step counts as one call, for a successful
+    run, a drift caught at a save and a blow-up inside a part; the bar advances per part."""
+    import geomjax._driver.integrate as driver
+
+    feedback = geomjax.feedback_field(spherical.system, gains=50.0)
+    blow_up = geomjax.FunctionStep(lambda x, h: jnp.where(x > 30.0, jnp.inf, x + h))
+    cases = [
+        (feedback, spherical.x0, dict(dt=1e-3, steps=300, save_every=150)),
+        (spherical_dirac, spherical.x0, dict(dt=0.05, steps=600, save_every=200)),
+        (blow_up, jnp.zeros(1), dict(dt=1.0, steps=200, save_every=100)),
+    ]
+    whole = [geomjax.integrate(f, x0, throw=False, **kw) for f, x0, kw in cases]
+    assert [r.status_name for r in whole] == ["successful", "invariant_drift", "diverged"]
+    monkeypatch.setattr(driver, "_CHUNK_STEPS", 64)
+    updates = []
+
+    class Bar:
+        update = staticmethod(updates.append)
+        close = staticmethod(lambda: None)
+
+    monkeypatch.setattr(driver, "_progress_bar", lambda total, progress: Bar())
+    calls = _recording(monkeypatch)
+    for (f, x0, kw), one in zip(cases, whole):
+        split = geomjax.integrate(f, x0, throw=False, progress=True, **kw)
+        np.testing.assert_array_equal(np.asarray(split.xs), np.asarray(one.xs))
+        np.testing.assert_array_equal(np.asarray(split.ts), np.asarray(one.ts))
+        for name in ("status", "failed_step", "num_steps"):
+            assert int(getattr(split, name)) == int(getattr(one, name)), name
+        assert split.message == one.message
+    assert updates[:5] == [64, 64, 22, 64, 64]  # blocks of 150 steps: 64 + 64 + 22
+    # blocks of 150, 200 and 100 steps in parts of at most 64
+    assert calls.count("_block_part") == 2 * 3 + 3 * 4 + 2 * 2 and "_whole_run" not in calls
+
+
+def test_ctrl_c_between_parts_of_a_save_block_stops_the_run(monkeypatch):
+    """A SIGINT during one compiled part surfaces as KeyboardInterrupt before the next
+    part starts (one save block of 2⁸ steps in parts of 2⁴ here)."""
+    import signal
+
+    import geomjax._driver.integrate as driver
+
+    monkeypatch.setattr(driver, "_CHUNK_STEPS", 16)
+
+    def interrupt(n):
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.raise_signal(signal.SIGINT)  # what Ctrl-C does
+        else:
+            raise KeyboardInterrupt
+
+    calls = _recording(monkeypatch, interrupt)
+    step = geomjax.FunctionStep(lambda x, h: x + h)
+    with pytest.raises(KeyboardInterrupt):
+        geomjax.integrate(step, jnp.zeros(1), dt=1.0, steps=256, save_every=256)
+    assert calls.count("_block_part") == 1
+
+
+# --- the opt-in accuracy check ---------------------------------------------------------
+
+
+def test_accuracy_check_catches_what_the_monitors_miss(planar):
+    """Implicit midpoint (gauss2) at h = 0.5 keeps f and H of the planar pendulum to
+    round-off and reports success, with a phase error above 0.1 by t = 10;
+    accuracy_tol=1e-3 fails it at the first save, with the measured difference to the
+    run at dt/2. An accurate RK4 run passes the same check."""
+    field = geomjax.dirac_field(planar.system)
+    kw = dict(dt=0.5, steps=20, save_every=5, method="gauss2")
+    plain = geomjax.integrate(field, planar.x0, **kw)
+    inv = np.asarray(jax.vmap(planar.system.invariants)(plain.xs))
+    assert plain.ok and np.max(np.abs(inv - inv[0])) < 1e-12
+    reference = geomjax.integrate(field, planar.x0, dt=0.01, steps=1000, save_every=250, method="rk4")
+    assert np.max(np.abs(np.asarray(plain.xs - reference.xs))) > 0.1
+    checked = geomjax.integrate(field, planar.x0, accuracy_tol=1e-3, throw=False, **kw)
+    assert checked.result == geomjax.RESULTS.inaccurate
+    assert int(checked.failed_step) == 5 and int(checked.num_steps) == 4
+    half = geomjax.integrate(field, planar.x0, dt=0.25, steps=40, save_every=10, method="gauss2")
+    x, y = np.asarray(plain.xs[1]), np.asarray(half.xs[1])
+    assert float(checked.detail.value) == pytest.approx(np.max(np.abs(x - y)) / (1 + np.max(np.abs(y))), rel=1e-12)
+    np.testing.assert_array_equal(np.asarray(checked.xs[:2]), np.asarray(plain.xs[:2]))
+    assert np.all(np.isnan(np.asarray(checked.xs[2:])))
+    with pytest.raises(geomjax.IntegrationError, match=r"differed from the run at dt/2 by 0\.0476.*accuracy_tol = 0\.001"):
+        geomjax.integrate(field, planar.x0, accuracy_tol=1e-3, **kw)
+    accurate = geomjax.integrate(field, planar.x0, dt=0.01, steps=1000, save_every=250, method="rk4", accuracy_tol=1e-6)
+    assert accurate.ok
+    with pytest.raises(ValueError, match="accuracy_tol must be positive"):
+        geomjax.integrate(field, planar.x0, accuracy_tol=0.0, **kw)
+
+
+def test_accuracy_check_is_a_status_under_jit_and_vmap(planar):
+    """RK4 on the planar pendulum: at h = 0.01 it agrees with h/2 to 1e-4, at h = 0.3 not."""
+    field = geomjax.dirac_field(planar.system)
+
+    def run(dt):
+        return geomjax.integrate(field, planar.x0, dt=dt, steps=40, save_every=10, method="rk4", accuracy_tol=1e-4, throw=False)
+
+    sols = jax.jit(jax.vmap(run))(jnp.array([0.01, 0.3]))
+    assert sols.status_name.tolist() == ["successful", "inaccurate"]
+    assert "run 1: integration failed at step" in sols.message and "differed from the run at dt/2" in sols.message

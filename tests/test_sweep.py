@@ -203,6 +203,22 @@ def test_failing_members_keep_their_own_status():
     np.testing.assert_array_equal(np.asarray(result.result == R.nonfinite_start), [True, False])
 
 
+def test_drift_message_names_the_quantity_as_integrate_does():
+    """A member that drifts: its message names the quantity (by the model's names), its
+    value at the failing save and the tolerance, in the words of `Solution.message`."""
+
+    def member(g):
+        model = geomjax.models.spherical_pendulum(g=g)
+        return geomjax.dirac_field(model.system), model.x0
+
+    result = geomjax.sweep(member, geomjax.zipped(g=[1.0, 0.25]), dt=1e-3, steps=6000, save_every=100)
+    alone = geomjax.integrate(*member(1.0), dt=1e-3, steps=6000, save_every=100, method="euler", throw=False)
+    assert int(result.failed_step[0]) == int(alone.failed_step) == 5000
+    detail = alone.message.split("geomjax.check_gains)")[1]
+    assert detail.startswith(". At that save the first integral H had drifted by 0.0102629")
+    assert result.message(0).endswith(detail)
+
+
 def test_chunks_and_progress_give_the_same_result(sweeps, capsys):
     chunked = geomjax.sweep(feedback_member, GRID, dt=DT, steps=STEPS, save_every=SAVE, layout="batch", chunk_size=4, progress=True)
     np.testing.assert_array_equal(np.asarray(chunked.status), np.asarray(sweeps["batch"].status))

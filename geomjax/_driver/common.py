@@ -8,10 +8,11 @@ status code)`, indexed by `STEPS`, `FAILED_STEP`, `STATUS`.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from .._monitored import AbstractMonitored
 from .._status import RESULTS, from_code
-from .solution import Solution
+from .solution import FailureDetail, Solution
 
 
 @eqx.filter_jit
@@ -120,3 +121,42 @@ def solution_from_record(ts, xs, record, dt, t0):
     num_steps = jnp.where(failed_step >= 0, jnp.maximum(failed_step - 1, 0), record[STEPS])
     result = from_code(code)
     return Solution(ts, xs, result, failed_step, dt, t0, num_steps)
+
+
+def no_detail(dtype, note: str = "") -> FailureDetail:
+    """The `FailureDetail` of a run with nothing measured to report."""
+    return FailureDetail(jnp.asarray(-1, jnp.int64), jnp.asarray(jnp.nan, dtype), jnp.asarray(jnp.nan, dtype), note=note)
+
+
+def drift_detail(target: AbstractMonitored, x0, sol: Solution, save_every: int, drift_tol: float, note: str = ""):
+    """`sol.detail` for a run of `target` from `x0` saved every `save_every` steps: at the
+    save where drift was detected (step `sol.failed_step`, whose state `sol.xs` keeps),
+    the monitored quantity furthest beyond its tolerance, by the ratio of its value to
+    its bound; for `constraint_violation`, a residual or a non-finite quantity.
+    Recomputes the monitored values there (once per run, after it)."""
+    code = sol.status
+    x0 = lax.stop_gradient(x0)  # a diagnostic: nothing here is differentiated
+    target = target.at_start(target.split(x0))
+    invariant_labels, residual_labels = target.quantity_labels(x0)
+    inv0, _ = target.monitored(x0)
+    scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)))
+    save = jnp.clip(sol.failed_step // save_every, 0, sol.xs.shape[0] - 1)
+    inv, res = target.monitored(lax.stop_gradient(sol.xs[save]))
+    values = jnp.concatenate([jnp.abs(inv - inv0) / (1.0 + jnp.abs(inv0)), jnp.abs(res)])
+    if not values.shape[0]:
+        return no_detail(x0.dtype, note)
+    bounds = jnp.concatenate([jnp.full(inv.shape, drift_tol), jnp.full(res.shape, drift_tol * scale)])
+    is_residual = jnp.arange(values.shape[0]) >= inv.shape[0]
+    finite = jnp.isfinite(values)
+    drifted = code == code_of(RESULTS.invariant_drift)
+    candidate = jnp.where(drifted, ~is_residual, is_residual | ~finite)
+    ratio = jnp.where(candidate, jnp.where(finite, values / bounds, jnp.inf), -jnp.inf)
+    index = jnp.argmax(ratio)
+    found = (drifted | (code == code_of(RESULTS.constraint_violation))) & jnp.any(candidate)
+    return FailureDetail(
+        jnp.where(found, index, -1).astype(jnp.int64),
+        jnp.where(found, values[index], jnp.nan),
+        jnp.where(found, bounds[index], jnp.nan),
+        (invariant_labels, residual_labels),
+        note,
+    )

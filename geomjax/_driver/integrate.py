@@ -7,7 +7,9 @@ What a run guarantees (under `jit` and `vmap` too):
   step 0 with `RESULTS.nonfinite_start` / `RESULTS.off_constraint_set`;
 - every step is checked for a non-finite state and for its own failure (a Newton solve);
 - at every save point the monitored quantities of the field or step (constraint
-  residuals, first integrals) are compared with `drift_tol`;
+  residuals, first integrals) are compared with `drift_tol`; a drift's message names the
+  quantity and its value (`Solution.detail`, computed after the run);
+- with `accuracy_tol`, the saves are compared with the same run at dt/2 (`_compared`);
 - after the first failure the state stops advancing (so losses on earlier states have
   the gradients of the shorter run), and later saves are NaN, in value and in
   derivative: a loss that reads them has a NaN gradient (forward and reverse mode), so
@@ -18,6 +20,7 @@ is recomputed step by step by the checked loop (`_exact_steps`), which also defi
 derivatives (`_block_map`).
 """
 
+import dataclasses
 import operator
 import sys
 import weakref
@@ -35,13 +38,26 @@ from .._step.runge_kutta import ExplicitRungeKutta
 from .._step.methods import build_step
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
 from .batched import BatchedStep, vmap_keep_shared
-from .common import FAILED_STEP, OK, STATUS, STEPS, Monitor, begin, code_of, compiled_call, solution_from_record
+from .common import (
+    FAILED_STEP,
+    OK,
+    STATUS,
+    STEPS,
+    Monitor,
+    begin,
+    code_of,
+    compiled_call,
+    drift_detail,
+    nan_max,
+    no_detail,
+    solution_from_record,
+)
 from .flagged import flag_failed
 from .pallas_loop import constant_status, pallas_steps
-from .solution import Solution, raise_if_failed
+from .solution import FailureDetail, Solution, raise_if_failed
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
-from .._validate import as_state, check_call_args, check_positive_step, check_run_options, checked_where_known, is_concrete
+from .._validate import as_state, check_call_args, check_positive_step, check_run_options, checked_where_known, is_concrete, known
 from ..internal.closure import custom_jvp_by_reference
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
@@ -263,27 +279,33 @@ def _scan_blocks(
         run_block = jax.checkpoint(run_block, prevent_cse=False)
 
     def outer(c, _):
-        z, record = run_block(c)
-        x = step.merge(z)
-        failed_before = record[STATUS] != OK
-        values = step.monitored(x)
-        code = monitor.drift_code(step, x, values)
-        first = ~failed_before & (code != OK)
-        k = record[STEPS]
-        record = jnp.stack(
-            [k, jnp.where(first, k, record[FAILED_STEP]), jnp.where(first, code, record[STATUS])]
-        )
-        # The state that showed the drift is saved; saves after a failure are NaN, and so
-        # are the derivatives of losses that read them (`flag_failed`).
-        saved = flag_failed(x, failed_before)
-        if monitored:
-            saved = (saved, *(flag_failed(v, failed_before) for v in values))
-        return (z, record), saved
+        return _save(step, monitor, run_block(c), monitored)
 
     return lax.scan(outer, carry, None, length=n_blocks)
 
 
+def _save(step: AbstractStep, monitor: Monitor, carry, monitored: bool = False):
+    """The end of a save block: the drift check of the carry `(z, record)`, and the saved
+    flat state (with `monitored`, `(x, invariants, residuals)`). Returns `(carry, saved)`."""
+    z, record = carry
+    x = step.merge(z)
+    failed_before = record[STATUS] != OK
+    values = step.monitored(x)
+    code = monitor.drift_code(step, x, values)
+    first = ~failed_before & (code != OK)
+    k = record[STEPS]
+    record = jnp.stack([k, jnp.where(first, k, record[FAILED_STEP]), jnp.where(first, code, record[STATUS])])
+    # The state that showed the drift is saved; saves after a failure are NaN, and so
+    # are the derivatives of losses that read them (`flag_failed`).
+    saved = flag_failed(x, failed_before)
+    if monitored:
+        saved = (saved, *(flag_failed(v, failed_before) for v in values))
+    return (z, record), saved
+
+
 def _chunks(n_blocks: int, block: int, progress) -> list[int]:
+    """Save blocks per compiled call, for blocks of at most `_CHUNK_STEPS` steps (longer
+    blocks run in parts: `_parts`); with a progress bar, at least about 20 calls."""
     per_chunk = max(1, _CHUNK_STEPS // block)
     if progress:
         per_chunk = min(per_chunk, max(1, -(-n_blocks // 20)))
@@ -291,6 +313,18 @@ def _chunks(n_blocks: int, block: int, progress) -> list[int]:
     if n_blocks % per_chunk:
         chunks.append(n_blocks % per_chunk)
     return chunks
+
+
+def _parts(block: int) -> list[int]:
+    """The steps of each compiled call of a save block longer than `_CHUNK_STEPS`."""
+    parts = [_CHUNK_STEPS] * (block // _CHUNK_STEPS)
+    return parts + [block % _CHUNK_STEPS] if block % _CHUNK_STEPS else parts
+
+
+def runs_whole(n_blocks: int, block: int, progress) -> bool:
+    """Whether a concrete run goes in one compiled call: at most `_CHUNK_STEPS` steps a
+    block and one chunk of blocks (see `_chunks`)."""
+    return block <= _CHUNK_STEPS and len(_chunks(n_blocks, block, progress)) == 1
 
 
 def _progress_bar(total: int, progress):
@@ -329,11 +363,21 @@ def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unro
     return _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll)
 
 
+def _block_part(step, carry, dt, t0, args, n, checkpoint, unroll=1):
+    """`n` steps of a save block that runs in parts: the loop of `_block_map`, no save."""
+    return _block_map(step, dt, t0, args, n, checkpoint, unroll)(*carry)
+
+
+def _save_point(step, carry, monitor):
+    """The save ending a block that ran in parts, its state as a piece of one save."""
+    carry, x = _save(step, monitor, carry)
+    return carry, x[None]
+
+
 def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol, unroll=1):
     n_blocks = steps // save_every
     concrete = is_concrete((x0, dt, t0, args, step))
-    chunks = _chunks(n_blocks, save_every, progress) if concrete else [n_blocks]
-    if len(chunks) == 1:
+    if not concrete or runs_whole(n_blocks, save_every, progress):
         bar = _progress_bar(steps, progress) if (progress and concrete) else None
         sol = compiled_call(
             _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll), step, x0, dt, t0, args
@@ -342,16 +386,27 @@ def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, 
             bar.update(steps)
             bar.close()
         return sol
-    # Outside jit a long run goes in chunks, so that Ctrl-C and the progress bar act
-    # between them.
+    # Outside jit a long run goes in compiled calls of at most _CHUNK_STEPS steps (whole
+    # save blocks, or the parts of a longer block and then its save), so that Ctrl-C and
+    # the progress bar act between them. The results are those of one call: the steps,
+    # their times (from the step count in the carry) and the checks are the same.
     step, carry, monitor = compiled_call(_begin_run, (start_tol, drift_tol), step, x0, dt, t0, args)
     bar = _progress_bar(steps, progress) if progress else None
     pieces = []
-    for n in chunks:
-        carry, xs = compiled_call(_chunk, (n, save_every, checkpoint, unroll), step, carry, dt, t0, args, monitor)
-        pieces.append(xs)
-        if bar is not None:
-            bar.update(n * save_every)
+    if save_every > _CHUNK_STEPS:
+        for _ in range(n_blocks):
+            for n in _parts(save_every):
+                carry = compiled_call(_block_part, (n, checkpoint, unroll), step, carry, dt, t0, args)
+                if bar is not None:
+                    bar.update(n)
+            carry, x = compiled_call(_save_point, (), step, carry, monitor)
+            pieces.append(x)
+    else:
+        for n in _chunks(n_blocks, save_every, progress):
+            carry, xs = compiled_call(_chunk, (n, save_every, checkpoint, unroll), step, carry, dt, t0, args, monitor)
+            pieces.append(xs)
+            if bar is not None:
+                bar.update(n * save_every)
     if bar is not None:
         bar.close()
     return compiled_call(_assemble, (n_blocks, save_every), x0, pieces, carry[1], dt, t0)
@@ -417,6 +472,77 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
+class _DefaultMethod(str):
+    """The default `method` of `integrate`, "euler", told apart from an explicit "euler":
+    the message of a run that fails says when the default was used."""
+
+
+DEFAULT_METHOD = _DefaultMethod("euler")
+
+_DEFAULT_METHOD_NOTE = (
+    "The method was the default, explicit Euler: first order, and it keeps neither the "
+    "constraints nor the first integrals. Choose one for the problem, e.g. "
+    'method="gauss4" (implicit, order 4, keeps quadratic first integrals), a feedback '
+    "field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
+)
+
+_DRIFT_CODES = (code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation))
+
+
+def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str) -> Solution:
+    """`sol` with its `detail`: what a drift failure measured (`common.drift_detail`),
+    computed where a drift may have been reported (a traced status, or a known drift)."""
+    status = known(sol.status)
+    if drift_tol is None or (status is not None and not np.isin(status, _DRIFT_CODES).any()):
+        detail = no_detail(x0.dtype, note)
+    else:
+        detail = compiled_call(drift_detail, (save_every, drift_tol, note), target, x0, sol)
+    return dataclasses.replace(sol, detail=detail)
+
+
+def _compared(sol: Solution, half: Solution, save_every: int, accuracy_tol) -> Solution:
+    """`sol`, failed as `RESULTS.inaccurate` at the first save where its state x_h differs
+    from the state x_{h/2} of `half` (the same run at dt/2) by more than
+    `accuracy_tol·(1 + max|x_{h/2}|)` in max-norm, if that save comes before the run's
+    own failure; later saves NaN, as after any failure."""
+    saves = jnp.arange(sol.xs.shape[-2])
+    diff = nan_max(jnp.abs(sol.xs - half.xs), axis=-1) / (1.0 + nan_max(jnp.abs(half.xs), axis=-1))
+    checked = (sol.status == OK) | (saves * save_every < sol.failed_step)
+    bad = checked & ~(diff <= accuracy_tol)  # NaN: `half` failed before this save
+    first = jnp.argmax(bad)
+    failed = jnp.any(bad)
+    step = (first * save_every).astype(sol.failed_step.dtype)
+    d = sol.detail
+    detail = FailureDetail(
+        jnp.where(failed, -1, d.quantity),
+        jnp.where(failed, diff[first], d.value),
+        jnp.where(failed, accuracy_tol, d.bound).astype(d.value.dtype),
+        d.labels,
+        d.note,
+    )
+    return dataclasses.replace(
+        sol,
+        xs=flag_failed(sol.xs, (failed & (saves > first))[:, None]),
+        result=RESULTS.where(failed, RESULTS.inaccurate, sol.result),
+        failed_step=jnp.where(failed, step, sol.failed_step),
+        num_steps=jnp.where(failed, jnp.maximum(step - 1, 0), sol.num_steps),
+        detail=detail,
+    )
+
+
+def _as_accuracy_tol(accuracy_tol, adaptive: bool):
+    if accuracy_tol is None:
+        return None
+    if adaptive:
+        raise ValueError(
+            "accuracy_tol checks fixed-step runs (a method name or a step); an adaptive diffrax "
+            "solver controls its own error: pass rtol and atol instead"
+        )
+    if is_concrete(accuracy_tol) and not (float(accuracy_tol) > 0):
+        raise ValueError(f"accuracy_tol must be positive (or None, no accuracy check), got {accuracy_tol!r}")
+    return accuracy_tol
+
+
 def _as_count(value, name: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -432,7 +558,7 @@ def integrate(
     *,
     dt: Float[ArrayLike, ""],
     steps: int,
-    method="euler",
+    method=DEFAULT_METHOD,
     save_every: int = 1,
     t0: Float[ArrayLike, ""] = 0.0,
     args=None,
@@ -444,6 +570,7 @@ def integrate(
     throw: bool = True,
     progress: bool | str = False,
     checkpoint: bool = True,
+    accuracy_tol: float | None = None,
 ) -> Solution:
     """Integrate a vector field or iterate a step map from `x0`.
 
@@ -451,7 +578,7 @@ def integrate(
     `save_every` steps. Fields and steps made by geomjax carry their state in pieces (for
     T*Rⁿ the pair (q, p)) inside the loop; the state is flat at the boundary.
 
-    A run never reports success for a wrong answer. Its status (`Solution.result`) is set
+    A run never reports success past a failed check. Its status (`Solution.result`) is set
     at the first of:
 
     - a start with NaN/inf entries, or off the constraint set of the field or step
@@ -461,11 +588,24 @@ def integrate(
       first integral I differs from its initial value by more than
       `drift_tol·(1 + |I(x0)|)`. What is monitored is what the field or step keeps:
       constraints and energy for Dirac, feedback, nonholonomic fields and their methods,
-      RATTLE, projection; nothing for plain callables.
+      RATTLE, projection; nothing for plain callables;
+    - with `accuracy_tol`, a save point where the state differs from the same run at
+      dt/2 by more than `accuracy_tol·(1 + max|x_{h/2}|)` (`RESULTS.inaccurate`).
 
     After the first failure the state stops advancing; later saves are NaN. A feedback
     field keeps the invariants of *this run's* initial state (`at_start`), unless its
-    target was pinned when it was built.
+    target was pinned when it was built. `Solution.message` names what failed: for a
+    drift, the quantity (by the system's names), its value at the failing save and the
+    tolerance, and whether the method was the default (explicit Euler).
+
+    What success certifies, exactly: the checks above passed — a finite start on the
+    constraint set, converged and finite steps, the monitored constraints and first
+    integrals within `drift_tol` at the saves. Not accuracy: a method can keep every
+    monitored quantity and be far from the exact trajectory (a phase error). For that,
+    `accuracy_tol` compares with the run at dt/2: for a method of order p with global
+    error e_h ≈ C hᵖ, x_h − x_{h/2} ≈ (2ᵖ − 1)·e_{h/2} = (1 − 2⁻ᵖ)·e_h (Richardson), so the
+    measured difference is the error of the returned x_h to within a factor
+    1/(1 − 2⁻ᵖ) ∈ (1, 2] — an estimate, valid where h is in the asymptotic regime.
 
     **Arguments:**
 
@@ -491,9 +631,17 @@ def integrate(
     - `throw`: raise when the run failed: `geomjax.IntegrationError` (carrying the partial
       `Solution`) outside `jit`, an `equinox` runtime error inside `jit`. Under `vmap`, pass
       `throw=False` and read the per-member `solution.result`.
-    - `progress`: show a progress bar (the run is split into compiled chunks).
+    - `progress`: show a progress bar (the run is split into compiled chunks). Outside
+      `jit` a run of more than 2²⁰ steps always goes in compiled calls of at most 2²⁰
+      steps (a longer save block in parts, checked and saved at its end), so that Ctrl-C
+      and the bar act between them; the results are those of one call.
     - `checkpoint`: rematerialise each save block in reverse-mode autodiff (saves memory
       on long differentiated runs; no cost on forward runs).
+    - `accuracy_tol`: check the accuracy too (default `None`: no check). The run is
+      repeated at dt/2 with twice the steps and the same saves, and at the first save
+      where max|x_h − x_{h/2}| > `accuracy_tol·(1 + max|x_{h/2}|)` the run fails as
+      `RESULTS.inaccurate` (the states returned are those at dt). It costs the run three
+      times over. Fixed-step runs only (a method name, or a step).
 
     **Returns:**
 
@@ -508,6 +656,11 @@ def integrate(
     >>> sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, save_every=100)
     >>> sol.xs.shape, sol.message
     ((11, 6), 'success')
+    >>> geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, save_every=100, accuracy_tol=1e-3).ok
+    Array(True, dtype=bool)
+    >>> coarse = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, save_every=100, accuracy_tol=1e-5, throw=False)
+    >>> coarse.status_name, int(coarse.failed_step)
+    ('inaccurate', 100)
 
     ```
     """
@@ -523,22 +676,29 @@ def integrate(
     dt = _as_scalar(dt, x0.dtype)
     t0 = _as_scalar(t0, x0.dtype)
     diffrax = sys.modules.get("diffrax")  # a diffrax solver exists only if diffrax was imported
+    note = _DEFAULT_METHOD_NOTE if (not is_step and method is DEFAULT_METHOD) else ""
     if not is_step and diffrax is not None and isinstance(method, diffrax.AbstractSolver):
         from .adaptive import run_diffrax
 
+        _as_accuracy_tol(accuracy_tol, adaptive=True)
         sol = run_diffrax(
             target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol
         )
+        sol = _explained(target, x0, sol, save_every, drift_tol, note)
     else:
+        accuracy_tol = _as_accuracy_tol(accuracy_tol, adaptive=False)
         if not is_step:
             if not isinstance(method, str):
                 raise TypeError(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
             target = build_step(method, target)
-        sol = _run_fixed(
-            target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol
-        )
+        run = (target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol)
+        sol = _explained(target, x0, _run_fixed(*run), save_every, drift_tol, note)
+        if accuracy_tol is not None:
+            # The same run at dt/2: the same saves, twice the steps between them.
+            half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, 2 * save_every, *run[7:])
+            sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
     if throw:
         sol = raise_if_failed(sol)
     return sol

@@ -19,6 +19,32 @@ class IntegrationError(RuntimeError):
         self.solution = solution
 
 
+class FailureDetail(eqx.Module):
+    """What a failed run measured where it stopped: the numbers behind `Solution.message`.
+
+    **Fields** (arrays: one entry per run under `vmap`):
+
+    - `quantity`: for `RESULTS.invariant_drift` and `RESULTS.constraint_violation`, the
+      index of the monitored quantity furthest beyond its tolerance at the failing save,
+      into `labels[0] + labels[1]` (first integrals, then constraint residuals); −1 for
+      every other outcome.
+    - `value`: what was measured there: the relative drift |I − I(x0)| / (1 + |I(x0)|) of
+      that first integral, the |residual| of that constraint, or, for
+      `RESULTS.inaccurate`, the relative difference to the run at dt/2; NaN otherwise.
+    - `bound`: what `value` was compared with: `drift_tol`, `drift_tol·(1 + max|x0|)` or
+      `accuracy_tol`.
+    - `labels`: names of the monitored quantities, `(first integrals, constraint
+      residuals)` (`AbstractMonitored.quantity_labels`).
+    - `note`: a sentence on the method where the run used the default one, else "".
+    """
+
+    quantity: jax.Array
+    value: jax.Array
+    bound: jax.Array
+    labels: tuple = eqx.field(static=True, default=((), ()))
+    note: str = eqx.field(static=True, default="")
+
+
 class Solution(eqx.Module):
     """A trajectory with its status.
 
@@ -32,9 +58,17 @@ class Solution(eqx.Module):
       if none.
     - `dt`, `t0`: step size and initial time.
     - `num_steps`: steps completed before the failure (all steps when the run succeeded).
+    - `detail`: a `FailureDetail`, the numbers behind `message` (which quantity left its
+      tolerance, by how much), or None.
 
     `status` is the integer code of `result` (0 on success), `ok` says whether the run
     succeeded and `message` says in words what happened and where.
+
+    What success certifies: a finite start on the constraint set, converged and finite
+    steps, and the monitored constraints and first integrals within `drift_tol` at every
+    save point (and, with `accuracy_tol`, agreement with the run at dt/2 at every save).
+    Not accuracy: without `accuracy_tol`, a successful run can be far from the exact
+    trajectory while it keeps every monitored quantity.
     """
 
     ts: jax.Array
@@ -44,6 +78,7 @@ class Solution(eqx.Module):
     dt: jax.Array
     t0: jax.Array
     num_steps: jax.Array
+    detail: FailureDetail | None = None
 
     @property
     def status(self):
@@ -85,7 +120,9 @@ class Solution(eqx.Module):
 
     @property
     def message(self) -> str:
-        """A sentence saying whether the run succeeded and, if not, where and why it failed."""
+        """A sentence saying whether the run succeeded and, if not, where and why it failed:
+        for a drift, which quantity left its tolerance, its value at the failing save and
+        the tolerance; under `vmap`, how many runs failed and the first one's sentence."""
         status = known(self.status)
         if status is None:
             raise TypeError(
@@ -101,14 +138,37 @@ def raise_if_failed(sol: Solution) -> Solution:
 
     Where the status is known now (a run outside `jit`, also under an eager `jax.grad`)
     the error is raised here, with `sol.message`; inside `jit` or `vmap` the run carries
-    an `equinox.error_if` with the same sentence, raised when the compiled program runs.
+    an `equinox.error_if`, raised when the compiled program runs. Its sentence is fixed
+    when the program is traced: the cause (and the note on a default method), with the
+    measured values left to `sol.message` of a run with `throw=False`.
     """
     status = known(sol.status)
     if status is not None:
         if np.any(status != 0):
             raise IntegrationError(_message(sol, status), sol)
         return sol
-    return sol.result.error_if(sol, sol.result != RESULTS.successful)
+    messages = [
+        text + (_TRACED_DETAIL + _note(sol, code) if code in _DETAILED else "")
+        for code, text in enumerate(RESULTS._index_to_message)
+    ]
+    return eqx.branched_error_if(sol, sol.result != RESULTS.successful, sol.status, messages)
+
+
+# The outcomes whose message names a measured value (`FailureDetail`).
+_DETAILED = {
+    int(RESULTS.invariant_drift._value),
+    int(RESULTS.constraint_violation._value),
+    int(RESULTS.inaccurate._value),
+}
+_TRACED_DETAIL = (
+    ". Which quantity, and its value at the failing save, are in sol.message: run with "
+    "throw=False and read sol.message outside jit"
+)
+
+
+def _note(sol: Solution, code: int) -> str:
+    note = "" if sol.detail is None else sol.detail.note
+    return f". {note}" if note and code in _DETAILED else ""
 
 
 def _message(sol: Solution, status: np.ndarray) -> str:
@@ -124,4 +184,46 @@ def _message(sol: Solution, status: np.ndarray) -> str:
     step = int(known(sol.failed_step))
     t = float(known(sol.t0) + step * known(sol.dt))
     where = "at the start (step 0)" if step == 0 else f"at step {step} (t = {t:.6g})"
-    return f"integration failed {where}: {RESULTS[from_code(int(status))]}"
+    code = int(status)
+    return f"integration failed {where}: {RESULTS[from_code(code)]}{_measured(sol.detail, code)}{_note(sol, code)}"
+
+
+def _measured(detail: FailureDetail | None, code: int) -> str:
+    """The sentence on what was measured at the failing save ("" if nothing was)."""
+    if detail is None or code not in _DETAILED:
+        return ""
+    index = int(known(detail.quantity))
+    invariants, residuals = detail.labels
+    if index < 0 or index >= len(invariants) + len(residuals):
+        quantity = ""
+    elif index < len(invariants):
+        quantity = f"first integral {invariants[index]}"
+    else:
+        quantity = f"constraint residual {residuals[index - len(invariants)]}"
+    return measured_sentence(code, quantity, float(known(detail.value)), float(known(detail.bound)))
+
+
+def measured_sentence(code: int, quantity: str, value: float, bound: float) -> str:
+    """". At that save …": what a failed run measured at its failing save, for
+    `invariant_drift` and `constraint_violation` (`quantity`: which one, e.g. "first
+    integral H"; "" if unknown) and `inaccurate`; "" for other outcomes."""
+    if code == int(RESULTS.inaccurate._value):
+        if not np.isfinite(value):
+            return (
+                ". The run at dt/2 had failed before this save, so the accuracy could not be "
+                "checked there (integrate at dt/2 with throw=False for its status)"
+            )
+        return (
+            f". At that save the state differed from the run at dt/2 by {value:.3g} relative "
+            f"to 1 + max|x| (accuracy_tol = {bound:.3g})"
+        )
+    if code not in _DETAILED or not quantity:
+        return ""
+    if not np.isfinite(value):
+        return f". At that save the {quantity} was not finite"
+    if code == int(RESULTS.invariant_drift._value):
+        return (
+            f". At that save the {quantity} had drifted by {value:.6g} relative to its initial "
+            f"value, |I − I(x0)| / (1 + |I(x0)|), against drift_tol = {bound:.3g}"
+        )
+    return f". At that save the {quantity} was {value:.6g}, against drift_tol·(1 + max|x0|) = {bound:.3g}"

@@ -22,7 +22,7 @@ from .._validate import as_state, check_call_args, check_positive_step, check_ru
 from .batched import batch_members, holds_member_values, reachable_tracers
 from .common import compiled_call, nan_max
 from .grid import as_grid
-from .integrate import _as_count, _as_scalar, _chunks, _run_fixed, _target, _whole_run
+from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, runs_whole
 from .pallas_loop import check_pallas_loop
 from .sweep_result import SweepResult
 
@@ -103,8 +103,9 @@ def _remember(cache: set, key) -> None:
         pass
 
 
-def _probe_is_step(probe, member, key) -> bool:
-    """Trace `probe` on one member (abstractly) once per `key`: whether build gives a step."""
+def _probe(probe, member, key) -> tuple:
+    """Trace `probe` on one member (abstractly) once per `key`: whether build gives a step,
+    and the labels of the monitored quantities."""
     signature = tuple((name, jnp.shape(v), jnp.result_type(v)) for name, v in member.items())
     try:
         key = (*key, signature)
@@ -189,7 +190,7 @@ def _in_one_program(steps, save_every, progress, values) -> bool:
     chunks of steps by the driver (which it is only outside jit, past 2²⁰ steps)."""
     if not is_concrete(values):
         return True
-    return not progress and len(_chunks(steps // save_every, save_every, False)) == 1
+    return not progress and runs_whole(steps // save_every, save_every, False)
 
 
 def _relative_errors(inv, res):
@@ -361,10 +362,10 @@ def sweep(
         step = target if is_step else build_step(method, target)
         if loop == "pallas":
             check_pallas_loop(step, x0, dt, t0, args, layout)
-        return is_step
+        return is_step, step.quantity_labels(x0)
 
     kind = (build, method, loop, layout, jax.tree_util.tree_structure(args))
-    is_step = _probe_is_step(probe, first, kind)
+    is_step, labels = _probe(probe, first, kind)
 
     axis = _AXIS[layout]
     pieces = []
@@ -412,4 +413,5 @@ def sweep(
     return SweepResult.from_chunks(
         grid, pieces, ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
         layout=layout, unroll=unroll, build=build, drift_tol=drift_tol, start_tol=start_tol, devices=n_devices,
+        quantity_labels=[list(labels[0]), list(labels[1])],
     )

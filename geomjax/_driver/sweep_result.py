@@ -13,6 +13,7 @@ import numpy as np
 from .._status import RESULTS, from_code, status_names
 from .common import nan_max
 from .grid import Grid
+from .solution import measured_sentence
 
 _ARRAYS = ("ts", "xs", "status", "failed_step", "num_steps", "invariant_error", "constraint_error")
 
@@ -108,7 +109,9 @@ class SweepResult(eqx.Module):
 
     def message(self, *index) -> str:
         """In words, how the member at grid position `index` ended: one integer per axis of
-        the grid (negative ones count from the end), e.g. `result.message(1, 2)`.
+        the grid (negative ones count from the end), e.g. `result.message(1, 2)`; for a
+        drift, which quantity left its tolerance and its value at the failing save, as
+        `Solution.message` says it.
 
         An index outside the grid is an IndexError naming the valid range (JAX's own
         indexing would clamp it silently and describe another member)."""
@@ -118,7 +121,26 @@ class SweepResult(eqx.Module):
             return "success"
         step = int(np.asarray(self.failed_step[index]))
         where = "at the start (step 0)" if step == 0 else f"at step {step}"
-        return f"failed {where}: {RESULTS[from_code(code)]}"
+        return f"failed {where}: {RESULTS[from_code(code)]}{self._measured(index, code, step)}"
+
+    def _measured(self, index, code: int, step: int) -> str:
+        """`measured_sentence` from the saved errors at the member's failing save."""
+        definition = json.loads(self.definition)
+        drift_tol, save_every = definition.get("drift_tol"), definition.get("save_every")
+        if step <= 0 or not isinstance(drift_tol, (int, float)) or not isinstance(save_every, int):
+            return ""
+        save = min(step // save_every, self.ts.shape[0] - 1)
+        invariant_labels = definition.get("quantity_labels", [[], []])[0]
+        if code == int(RESULTS.invariant_drift._value):
+            errors = np.asarray(self.invariant_error[index][save])
+            if not errors.size:
+                return ""
+            k = int(np.argmax(np.where(np.isfinite(errors), errors, np.inf)))
+            label = invariant_labels[k] if k < len(invariant_labels) else f"[{k}]"
+            return measured_sentence(code, f"first integral {label}", float(errors[k]), drift_tol)
+        scale = 1.0 + float(np.max(np.abs(np.asarray(self.xs[index][0]))))
+        value = float(np.asarray(self.constraint_error[index][save]))
+        return measured_sentence(code, "largest constraint residual", value, drift_tol * scale)
 
     def summary(self) -> str:
         """How many members succeeded, and how the others failed (by cause)."""

@@ -134,6 +134,9 @@ class EntrywiseField(SystemField):
     def invariants(self, x):
         return self.field.invariants(x)
 
+    def quantity_labels(self, x):
+        return self.field.quantity_labels(x)
+
 
 def entrywise_applies(field) -> bool:
     """Whether `entrywise` converts `field`: a derived field evaluated through its scalar

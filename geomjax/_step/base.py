@@ -193,3 +193,6 @@ class FieldStep(AbstractStep):
 
     def invariants(self, x):
         return self.field.invariants(x)
+
+    def quantity_labels(self, x):
+        return self.field.quantity_labels(x)

@@ -1,5 +1,6 @@
 """Mechanical systems defined only by JAX functions."""
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 
 from .nonholonomic import Derivation
 from .structures import AbstractPoissonStructure, CanonicalStructure
+from .._monitored import numbered
 from .._validate import trace_user_function
 
 
@@ -115,6 +117,13 @@ class System(eqx.Module, metaclass=_ByKind):
       On T*Rⁿ it is `q ↦ ω(q)` (ω(q)·q̇ = 0); on Lie–Poisson spaces `x ↦ ω` (constraint
       ⟨ξ_a, ∂H/∂Π⟩ = 0, force Σ λ_a ξ_a); on the left-trivialised bundles `g ↦ ω(g)`. Rows
       need not be orthonormal. See `geomjax.nonholonomic_field`.
+    - `names`: optional names of the quantities F = (constraint quantities, H, integrals),
+      one per entry, in that order (as `geomjax.models.Model.quantity_names`): the
+      constraint quantities are g then its velocity constraints for `holonomic=g`, f for
+      `constraints=f`, the constraint momenta J for `nonholonomic`, none otherwise. A run
+      that fails names the quantity that left its tolerance with them ("the first
+      integral L_z drifted by …"). Without names: "g1", "gdot1", "f1", "J1", "H" (H_ext
+      for nonholonomic systems), "I1", … (a single one unnumbered: "g", "I").
 
     Parameters live in the functions, written any way JAX differentiates: a closure
     (`H = lambda x: ... + g * x[2]` inside the function you differentiate or `vmap`),
@@ -144,6 +153,8 @@ class System(eqx.Module, metaclass=_ByKind):
     ... )
     >>> type(system).__name__, isinstance(system, geomjax.System)
     ('ConstrainedSystem', True)
+    >>> system.quantity_labels(jnp.zeros(6))  # (first integrals, constraint residuals)
+    (('f1', 'f2', 'H', 'I'), ())
 
     ```
     """
@@ -199,6 +210,38 @@ class System(eqx.Module, metaclass=_ByKind):
         x = jnp.asarray(x)
         return jnp.concatenate([jnp.atleast_1d(self.hamiltonian(x)), self.integral_values(x)])
 
+    # --- names of the monitored quantities (for the messages of failed runs) ---------
+    names = ()
+    _energy_label = "H"
+
+    def _constraint_labels(self, spec) -> tuple[str, ...]:
+        """Default names of the constraint quantities, the entries of F before H."""
+        return ()
+
+    def _quantity_labels(self, spec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Names of F = (constraint quantities, (H, integrals)): the system's `names` where
+        it has enough of them (a model's may end with a feedback term F does not hold)."""
+        constraint = self._constraint_labels(spec)
+        n_integrals = jax.eval_shape(lambda y: self.integral_values(y), spec).shape[0]
+        labels = constraint + (self._energy_label,) + numbered("I", n_integrals, 1)
+        if len(self.names) >= len(labels):
+            labels = tuple(self.names[: len(labels)])
+        return labels[: len(constraint)], labels[len(constraint) :]
+
+    def quantity_labels(self, x) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Names of the monitored quantities at states shaped like `x` (only its shape and
+        dtype are read): `(labels of invariants(x), labels of constraint_residuals(x))`.
+        The embedding defect of an embedded group is "embedding defect [i]"."""
+        spec = jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+        constraint, integrals = self._quantity_labels(spec)
+        embedding = numbered("embedding defect ", jax.eval_shape(lambda y: self.structure.embedding_residual(y), spec).shape[0])
+        return self._monitored_labels(constraint, integrals, embedding)
+
+    def _monitored_labels(self, constraint, integrals, embedding):
+        """Which of F's names label first integrals and which residuals: the constraint
+        quantities vanish on the constraint set, so they are residuals."""
+        return integrals, constraint + embedding
+
 
 class HamiltonianSystem(System):
     """A Hamiltonian system without constraints: ẋ = B(x)∇H(x). Built by `System(H, B)`."""
@@ -206,6 +249,7 @@ class HamiltonianSystem(System):
     hamiltonian: Callable
     structure: AbstractPoissonStructure
     integrals: tuple = ()
+    names: tuple = eqx.field(static=True, default=())
 
 
 class HolonomicSystem(System):
@@ -219,6 +263,7 @@ class HolonomicSystem(System):
     structure: AbstractPoissonStructure
     holonomic: Callable
     integrals: tuple = ()
+    names: tuple = eqx.field(static=True, default=())
 
     @property
     def is_constrained(self) -> bool:
@@ -235,6 +280,10 @@ class HolonomicSystem(System):
         x = jnp.asarray(x)
         return jnp.concatenate([self.constraint_functions(x), self._embedding_defect(x)])
 
+    def _constraint_labels(self, spec):
+        k = jax.eval_shape(lambda y: self.constraint_functions(y), spec).shape[0] // 2
+        return numbered("g", k, 1) + numbered("gdot", k, 1)
+
 
 class ConstrainedSystem(System):
     """A general second-class constraint set f(x); built by `System(H, B, constraints=f)`.
@@ -247,6 +296,7 @@ class ConstrainedSystem(System):
     structure: AbstractPoissonStructure
     constraints: Callable
     integrals: tuple = ()
+    names: tuple = eqx.field(static=True, default=())
 
     @property
     def is_constrained(self) -> bool:
@@ -257,6 +307,13 @@ class ConstrainedSystem(System):
 
     def invariants(self, x):
         return self.conserved_quantities(jnp.asarray(x))
+
+    def _constraint_labels(self, spec):
+        return numbered("f", jax.eval_shape(lambda y: self.constraint_functions(y), spec).shape[0], 1)
+
+    def _monitored_labels(self, constraint, integrals, embedding):
+        # the levels of f are first integrals here (kept at their initial values)
+        return constraint + integrals, embedding
 
 
 class NonholonomicSystem(System):
@@ -274,6 +331,8 @@ class NonholonomicSystem(System):
     structure: AbstractPoissonStructure
     nonholonomic: Callable
     integrals: tuple = ()
+    names: tuple = eqx.field(static=True, default=())
+    _energy_label = "H_ext"
 
     def _derived(self, x):
         """The derivation of J, C and H_ext, and the flat state x in pieces."""
@@ -302,6 +361,9 @@ class NonholonomicSystem(System):
         x = jnp.asarray(x)
         return jnp.concatenate([jnp.atleast_1d(self.extended_hamiltonian(x)), self.integral_values(x)])
 
+    def _constraint_labels(self, spec):
+        return numbered("J", jax.eval_shape(lambda y: self.constraint_momenta(y), spec).shape[0], 1)
+
 
 def _check_nonholonomic(structure, omega, holonomic, constraints) -> None:
     if not callable(omega):
@@ -326,6 +388,7 @@ def _build(
     constraints: Callable | None = None,
     integrals: Callable | Sequence[Callable] | None = (),
     nonholonomic: Callable | None = None,
+    names: Sequence[str] | None = None,
 ) -> System:
     if not callable(hamiltonian):
         raise TypeError("hamiltonian must be a callable x ↦ H(x)")
@@ -339,14 +402,40 @@ def _build(
     if holonomic is not None and not isinstance(structure, CanonicalStructure):
         raise ValueError("holonomic=g(q) needs the canonical structure geomjax.canonical(n)")
     integrals = _as_tuple(integrals)
+    names = _as_names(names)
     if nonholonomic is not None:
         _check_nonholonomic(structure, nonholonomic, holonomic, constraints)
-        system = NonholonomicSystem(hamiltonian, structure, nonholonomic, integrals)
+        system = NonholonomicSystem(hamiltonian, structure, nonholonomic, integrals, names)
     elif holonomic is not None:
-        system = HolonomicSystem(hamiltonian, structure, holonomic, integrals)
+        system = HolonomicSystem(hamiltonian, structure, holonomic, integrals, names)
     elif constraints is not None:
-        system = ConstrainedSystem(hamiltonian, structure, constraints, integrals)
+        system = ConstrainedSystem(hamiltonian, structure, constraints, integrals, names)
     else:
-        system = HamiltonianSystem(hamiltonian, structure, integrals)
+        system = HamiltonianSystem(hamiltonian, structure, integrals, names)
     _check_user_functions(system)
+    _check_names(system)
     return system
+
+
+def _as_names(names) -> tuple:
+    if names is None:
+        return ()
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names must be a sequence of strings, one per quantity of F = (constraints, H, integrals), got {names!r}")
+    return tuple(names)
+
+
+def _check_names(system) -> None:
+    """One name per entry of F = (constraint quantities, H, integrals), checked by tracing
+    (where the structure fixes the state's length)."""
+    if not system.names or system.dim is None:
+        return
+    spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
+    constraint, integrals = dataclasses.replace(system, names=())._quantity_labels(spec)
+    expected = constraint + integrals
+    if len(system.names) != len(expected):
+        raise ValueError(
+            f"names has {len(system.names)} entries, but this system's quantities "
+            f"F = (constraint quantities, H, integrals) have {len(expected)}: one name each, in "
+            f"the order of the default names {expected}"
+        )

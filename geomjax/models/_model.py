@@ -1,5 +1,6 @@
 """A reference problem: a system with parameters, an initial state and known solutions."""
 
+import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
@@ -42,7 +43,9 @@ class Model(eqx.Module):
     - `system`: the `geomjax.System` (parameters are leaves inside its functions).
     - `params`: the parameter values, a dict of float64 scalars.
     - `x0`: the default initial flat state.
-    - `quantity_names`: names of the entries of F = (f, H, integrals), in order.
+    - `quantity_names`: names of the entries of F = (f, H, integrals), in order. The
+      model's `System` carries them (`System(..., names=...)`), so a run that fails names
+      the quantity that left its tolerance with them.
     - `exact`: `t ↦ x(t)` from `x0`, where a closed form is known, else `None`.
     """
 
@@ -52,3 +55,7 @@ class Model(eqx.Module):
     x0: jax.Array
     quantity_names: tuple = eqx.field(static=True)
     exact: Callable | None = None
+
+    def __post_init__(self):
+        if isinstance(self.system, System) and not self.system.names:
+            self.system = dataclasses.replace(self.system, names=tuple(self.quantity_names))
