@@ -248,7 +248,7 @@ def test_constraint_violation_uses_the_systems_names():
     assert unnamed.quantity_labels(jnp.zeros(6)) == (("H",), ("g", "gdot"))
     # a step without a system: its residuals by index
     great_circle, _ = geomjax.models.pendulum_flows(geomjax.models.spherical_pendulum())
-    assert great_circle.quantity_labels(jnp.zeros(6)) == ((), ("[0]",))
+    assert great_circle.quantity_labels(jnp.zeros(6)) == ((), ("[0]", "[1]"))
     with pytest.raises(ValueError, match="names has 2 entries.*have 3"):
         geomjax.System(system.hamiltonian, system.structure, holonomic=system.holonomic, names=("a", "b"))
     x0 = jnp.array([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
