@@ -379,3 +379,18 @@ def test_other_families_with_a_closed_over_parameter_and_a_traced_step_size(name
     traced = jax.jit(final)(P, DT)
     assert _close(traced, final(P, DT), 1e-12)
     assert not _close(traced, final(0.8 * P, DT), 1e-6)  # the parameter acts
+
+
+def test_a_failed_run_raises_one_exception_type_traced_or_not():
+    # Outside jit (also under an eager jax.grad, where the status is known) an
+    # IntegrationError with the partial solution; inside a compiled program equinox's
+    # runtime error with the same sentence: IntegrationError is one.
+    blow_up = geomjax.FunctionStep(lambda x, h: x / (h - 0.5))
+    run = lambda a: geomjax.integrate(blow_up, jnp.stack([a]), dt=0.5, steps=2).xs[-1, 0]
+    for call in (lambda: run(1.0), lambda: jax.grad(run)(1.0)):
+        with pytest.raises(geomjax.IntegrationError, match="failed at step 1 .* first step from a finite") as err:
+            call()
+        assert err.value.solution.failed_step == 1
+    with pytest.raises(eqx.EquinoxRuntimeError, match="first step from a finite"):
+        eqx.filter_jit(run)(1.0)
+    assert issubclass(geomjax.IntegrationError, eqx.EquinoxRuntimeError)

@@ -8,10 +8,16 @@ from .._status import RESULTS, from_code, status_names
 from .._validate import known
 
 
-class IntegrationError(RuntimeError):
-    """Raised by `geomjax.integrate` (outside `jit`) when a run fails.
+class IntegrationError(eqx.EquinoxRuntimeError):
+    """Raised by `geomjax.integrate` when a run fails and its status is known outside a
+    compiled program (a run outside `jit`, also under an eager `jax.grad`).
 
-    The partial result is kept in `.solution`: nothing computed is lost.
+    The partial result is kept in `.solution`: nothing computed is lost. Inside `jit`
+    the same sentence is raised when the program runs, as equinox's
+    `equinox.EquinoxRuntimeError` (through `equinox.filter_jit`; `jax.jit` wraps it in
+    JAX's runtime error). `IntegrationError` is an `equinox.EquinoxRuntimeError`, so
+    `except equinox.EquinoxRuntimeError` catches a failed run whether its values were
+    traced or not.
     """
 
     def __init__(self, message: str, solution: "Solution"):
