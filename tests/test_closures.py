@@ -52,29 +52,29 @@ def run(dt):
     return dict(dt=dt, steps=6, save_every=3)
 
 
-def dirac_euler(wrap, p, dt=DT):
-    field = geomjax.dirac_field(_holonomic_system(wrap, p))
-    return _final(geomjax.integrate(field, SPHERE_X0, method="euler", **run(dt)))
+def _field_case(name, make_field, x0, method):
+    """A case: the field `make_field(wrap, p)` run by `method` from `x0`."""
+
+    def case(wrap, p, dt=DT):
+        return _final(geomjax.integrate(make_field(wrap, p), x0, method=method, **run(dt)))
+
+    case.__name__ = name
+    return case
 
 
-def dirac_midpoint(wrap, p, dt=DT):
-    field = geomjax.dirac_field(_holonomic_system(wrap, p))
-    return _final(geomjax.integrate(field, SPHERE_X0, method="implicit_midpoint", **run(dt)))
+def _dirac(wrap, p):
+    return geomjax.dirac_field(_holonomic_system(wrap, p))
 
 
-def dirac_gauss4(wrap, p, dt=DT):
-    field = geomjax.dirac_field(_holonomic_system(wrap, p))
-    return _final(geomjax.integrate(field, SPHERE_X0, method="gauss4", **run(dt)))
+def _feedback(wrap, p):
+    return geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=5.0)
 
 
-def feedback_rk4(wrap, p, dt=DT):
-    field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=5.0)
-    return _final(geomjax.integrate(field, SPHERE_X0, method="rk4", **run(dt)))
-
-
-def feedback_gauss2(wrap, p, dt=DT):
-    field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=5.0)
-    return _final(geomjax.integrate(field, SPHERE_X0, method="gauss2", **run(dt)))
+dirac_euler = _field_case("dirac_euler", _dirac, SPHERE_X0, "euler")
+dirac_midpoint = _field_case("dirac_midpoint", _dirac, SPHERE_X0, "implicit_midpoint")
+dirac_gauss4 = _field_case("dirac_gauss4", _dirac, SPHERE_X0, "gauss4")
+feedback_rk4 = _field_case("feedback_rk4", _feedback, SPHERE_X0, "rk4")
+feedback_gauss2 = _field_case("feedback_gauss2", _feedback, SPHERE_X0, "gauss2")
 
 
 def _oscillator_hamiltonian(eps, x):
@@ -93,14 +93,12 @@ def _nonholonomic_system(wrap, p):
     return geomjax.System(wrap(_oscillator_hamiltonian, p), geomjax.canonical(3), nonholonomic=_oscillator_forms)
 
 
-def nonholonomic_euler(wrap, p, dt=DT):
-    field = geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
-    return _final(geomjax.integrate(field, OSC_X0, method="euler", **run(dt)))
+def _nonholonomic(wrap, p):
+    return geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
 
 
-def nonholonomic_gauss2(wrap, p, dt=DT):
-    field = geomjax.nonholonomic_field(_nonholonomic_system(wrap, p))
-    return _final(geomjax.integrate(field, OSC_X0, method="gauss2", **run(dt)))
+nonholonomic_euler = _field_case("nonholonomic_euler", _nonholonomic, OSC_X0, "euler")
+nonholonomic_gauss2 = _field_case("nonholonomic_gauss2", _nonholonomic, OSC_X0, "gauss2")
 
 
 def _scaled_sphere(s, q):
