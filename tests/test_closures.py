@@ -392,3 +392,24 @@ def test_a_failed_run_raises_one_exception_type_traced_or_not():
     with pytest.raises(eqx.EquinoxRuntimeError, match="first step from a finite"):
         eqx.filter_jit(run)(1.0)
     assert issubclass(geomjax.IntegrationError, eqx.EquinoxRuntimeError)
+
+
+@pytest.mark.parametrize("case", [dirac_euler, rattle, sweep], ids=lambda c: c.__name__)
+def test_the_gradient_of_a_vmap_over_a_closed_over_value(case):
+    # jax.grad of a jax.vmap over the parameter: the derivative rules are batched after
+    # the driver's programs are staged, and a rule whose outputs were batched unlike its
+    # function's (a monitored quantity that does not depend on the parameter) used to
+    # fail to lower, closed over or not.
+    scales = jnp.array([1.0, 1.2])
+
+    def batched(s, wrap):
+        return jax.vmap(lambda g: case(wrap, g))(s * scales).sum()
+
+    @jax.jit
+    def everything(s):
+        grads = jax.grad(lambda u: batched(u, closure))(s), jax.grad(lambda u: batched(u, explicit))(s)
+        return grads, batched(s + EPS, closure), batched(s - EPS, closure)
+
+    (closed, passed), up, down = everything(P)
+    assert _close(closed, passed, 1e-9)
+    assert _close(closed, (up - down) / (2 * EPS), 1e-6)

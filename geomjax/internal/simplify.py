@@ -807,6 +807,7 @@ class _Plan:
         self.guard = guard  # (kind, node) of the removed subexpressions to check
         self.unguarded = unguarded  # output nodes that are non-finite whenever the check is
         self.custom_rules = custom_rules
+        self.memo = {}  # what emission and derivatives read off the plan, computed once
 
 
 class _Fallback:
@@ -867,6 +868,18 @@ def _ancestors(graph, roots):
     return needed
 
 
+def _deps(plan, nodes) -> set:
+    """The inputs `(source, position)` the nodes depend on ("arg": an argument of the
+    function, "const": a traced constant of its jaxpr)."""
+    out = set()
+    for a in _ancestors(plan.graph, nodes):
+        node = plan.graph.nodes[a]
+        if node[0] == "leaf":
+            source, position, _ = plan.leaves[node[1]]
+            out.add((source, position))
+    return out
+
+
 # An operand that is ±inf or NaN makes the result of these non-finite (inf·0 = NaN,
 # inf − inf = NaN, sin(±inf) = NaN); for `div` and positive `integer_pow` only the first
 # operand does (x/inf = 0).
@@ -925,11 +938,13 @@ def _prune(graph, guard, roots):
     return guard, unguarded
 
 
-def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None):
+def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None, allowed=None):
     """Evaluate the plan's nodes as scalar JAX operations on the current inputs.
 
     `linear`: for the tangent map of a JVP rule, the position of its first tangent
-    argument (its arguments are the primals, then the tangents): see the guard below."""
+    argument (its arguments are the primals, then the tangents): see the guard below.
+    `allowed` (with `linear`): per output, the input positions its primal depends on;
+    the output's guard then holds only the terms that read no other input (`_deps`)."""
     graph = plan.graph
     sources = {"arg": flat_args, "const": consts}
     values = {}
@@ -976,29 +991,39 @@ def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None):
     # The guard: one check over the removed subexpressions. In the tangent map of a JVP
     # rule (`linear`), the terms that read a tangent stay differentiable: they are
     # linear, and reverse mode transposes them.
-    primal_check, tangent_check = None, None
-    tangent_leaf = (lambda k: plan.leaves[k][0] == "arg" and plan.leaves[k][1] >= linear) if linear is not None else None
-    for kind, t in plan.guard:
+    terms = []  # (term, the input positions it reads)
+    if "guard reads" not in plan.memo:
+        plan.memo["guard reads"] = [_deps(plan, [t]) for _, t in plan.guard]
+    for (kind, t), reads in zip(plan.guard, plan.memo["guard reads"]):
         v = value(t)
         term = v - v if kind == "finite" else jnp.zeros((), graph.dtypes[t]) / v
-        reads_tangent = linear is not None and any(
-            graph.nodes[a][0] == "leaf" and tangent_leaf(graph.nodes[a][1]) for a in _ancestors(graph, [t])
-        )
-        if reads_tangent:
-            tangent_check = term if tangent_check is None else tangent_check + term
+        reads_tangent = linear is not None and any(source == "arg" and p >= linear for source, p in reads)
+        terms.append((term if reads_tangent else lax.stop_gradient(term), reads))
+    checks = {}  # the sum of each distinct selection of terms, formed once
+
+    def check_for(o):
+        if allowed is None:
+            chosen = tuple(range(len(terms)))
         else:
-            primal_check = term if primal_check is None else primal_check + term
-    if primal_check is not None:
-        primal_check = lax.stop_gradient(primal_check)
+            # Under `vmap` an output must be batched exactly where its primal is (JAX lays
+            # out a custom_jvp's outputs by its rule's, but stages them by its function's):
+            # a term reading the tangent of an input the primal does not depend on would
+            # batch the tangent alone. Such terms only carry 0·ẋ of those inputs.
+            chosen = tuple(
+                k for k, (_, reads) in enumerate(terms)
+                if all((p if p < linear else p - linear) in allowed[o] for source, p in reads if source == "arg")
+            )
+        if chosen not in checks:
+            checks[chosen] = sum((terms[k][0] for k in chosen[1:]), terms[chosen[0]][0]) if chosen else None
+        return checks[chosen]
+
     results = []
-    check = primal_check
-    if tangent_check is not None:
-        check = tangent_check if check is None else check + tangent_check
-    for ids, aval in zip(plan.outputs, out_avals):
+    for o, (ids, aval) in enumerate(zip(plan.outputs, out_avals)):
         ids = np.asarray(ids)
         if ids.size == 0:
             results.append(jnp.zeros(aval.shape, aval.dtype))
             continue
+        check = check_for(o) if terms else None
         guarded = (
             check is not None
             and jnp.issubdtype(aval.dtype, jnp.inexact)
@@ -1095,7 +1120,7 @@ def scalar_graph(fn: Callable, *args, warn: bool = True):
     return _simplified_call(fn, args, warn)
 
 
-def _simplified_call(fn, args, warn: bool, linear=None, fallback=None):
+def _simplified_call(fn, args, warn: bool, linear=None, fallback=None, allowed=None):
     """`scalar_graph`'s work. `linear` (the position of the first tangent argument): `fn`
     is the tangent map `(primals, tangents) ↦ tangent outputs` of a JVP rule, emitted as
     it is (no derivative rule of its own) with the guard's tangent terms left
@@ -1139,10 +1164,30 @@ def _simplified_call(fn, args, warn: bool, linear=None, fallback=None):
         return jax.tree_util.tree_unflatten(out_tree, results)
     consts = list(closed.consts)
     if linear is not None:
-        results = _emit(plan, list(flat_args), consts, out_leaves, linear)
+        results = _emit(plan, list(flat_args), consts, out_leaves, linear, allowed)
     else:
         results = _with_simplified_derivatives(plan, closed, list(flat_args), consts, out_leaves)
     return jax.tree_util.tree_unflatten(out_tree, results)
+
+
+def _primal_deps(plan, traced, n_args, out_avals) -> list:
+    """Per output of the emitted graph, the positions in `traced` (the traced inputs, by
+    index into arguments + constants) it depends on, its guard included."""
+    key = ("primal deps", tuple(traced), n_args)
+    if key in plan.memo:
+        return plan.memo[key]
+    position = {v: k for k, v in enumerate(traced)}
+    guard = _deps(plan, [t for _, t in plan.guard]) if plan.guard else set()
+    out = []
+    for ids, aval in zip(plan.outputs, out_avals):
+        flat = [int(i) for i in np.asarray(ids).reshape(-1)]
+        reads = _deps(plan, flat)
+        if guard and jnp.issubdtype(aval.dtype, jnp.inexact) and any(i not in plan.unguarded for i in flat):
+            reads |= guard
+        indices = (p if source == "arg" else n_args + p for source, p in reads)
+        out.append({position[i] for i in indices if i in position})
+    plan.memo[key] = out
+    return out
 
 
 def _zero_tangent(t):
@@ -1195,6 +1240,7 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
         out_tangents = _simplified_call(
             lambda p, t: jax.jvp(original, p, t)[1], (primals, tangents), False,
             linear=len(traced), fallback=lambda p, t: jax.jvp(emitted, p, t)[1],
+            allowed=_primal_deps(plan, traced, n_args, out_leaves),
         )
         # The primal outputs are the function's own call: under `vmap` JAX lays out a
         # custom_jvp's outputs by the batch axes of its rule's primal outputs but stages
