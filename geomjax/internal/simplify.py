@@ -50,8 +50,13 @@ gradients through a derived field cost what its simplified derivative costs, not
 JAX's derivative of every emitted operation does (for the spherical pendulum's feedback
 field the linearisation has half the arithmetic of the field as derived). In the
 derivative's graph, the guard's terms that read a tangent are kept differentiable (they
-are linear). The primal outputs of the rule are the simplified function's own, so a
-differentiated run computes the values a plain run does.
+are linear), and each output's guard holds only the terms that read inputs its primal
+output depends on: the others carry only 0·ẋ of inputs the output does not depend on,
+and under `vmap` they would batch a tangent whose value is not batched (JAX lays out a
+`custom_jvp`'s outputs by its rule's batching but stages them by its function's; `jax.grad`
+of a `vmap` over a parameter failed to lower). The primal outputs of the rule are the
+simplified function's own call, so a differentiated run computes the values a plain run
+does, batched alike.
 `stop_gradient` is kept as an operation, so it acts as it does in the original. Where the
 derivative's graph exceeds the size limits, the rule is JAX's JVP of the emitted graph.
 
