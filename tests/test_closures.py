@@ -245,10 +245,10 @@ def user_step(wrap, p, dt=DT):
 # The default run: every family once (an explicit and an implicit method on the fields);
 # CI's `extended` job adds the other methods and variants of the same code paths.
 CASES = [
-    dirac_euler, dirac_midpoint, feedback_rk4, feedback_everything, nonholonomic_euler, rattle, dla, strang,
+    dirac_euler, dirac_midpoint, feedback_everything, nonholonomic_euler, rattle, dla, strang,
     herglotz, forced_dla, contact_splitting, dirac1, dirac_rk, sweep, time_field, user_step,
 ]
-EXTENDED = [dirac_gauss4, feedback_gauss2, nonholonomic_gauss2, nonholonomic_feedback, shake, dirac2]
+EXTENDED = [dirac_gauss4, feedback_rk4, feedback_gauss2, nonholonomic_gauss2, nonholonomic_feedback, shake, dirac2]
 P = 1.3
 
 
@@ -367,7 +367,9 @@ MORE = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(MORE))
+@pytest.mark.parametrize(
+    "name", [n if n in ("project(rk4)", "herglotz(nonholonomic)") else pytest.param(n, marks=pytest.mark.extended) for n in sorted(MORE)]
+)
 def test_other_families_with_a_closed_over_parameter_and_a_traced_step_size(name):
     make, x0 = MORE[name]
 
@@ -394,7 +396,9 @@ def test_a_failed_run_raises_one_exception_type_traced_or_not():
     assert issubclass(geomjax.IntegrationError, eqx.EquinoxRuntimeError)
 
 
-@pytest.mark.parametrize("case", [dirac_euler, rattle, sweep], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "case", [dirac_euler, sweep, pytest.param(rattle, marks=pytest.mark.extended)], ids=lambda c: c.__name__
+)
 def test_the_gradient_of_a_vmap_over_a_closed_over_value(case):
     # jax.grad of a jax.vmap over the parameter: the derivative rules are batched after
     # the driver's programs are staged, and a rule whose outputs were batched unlike its
