@@ -50,14 +50,9 @@ def _concrete_value(tracer):
         return None
 
 
-class TracedValue(Exception):
-    """A value a start check needs is traced (not known until the run): the check is left
-    to the run, which reports a bad start as its status at step 0."""
-
-
-#: What a check raises when a value it needs is traced: `TracedValue` from checks that
-#: read values through `host`, JAX's own errors from code that converts a tracer.
-TRACED_VALUE_ERRORS = (TracedValue, jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
+#: What a check raises when a value it needs is traced: JAX's own errors from code that
+#: converts a tracer (`np.asarray`, `float`, `bool` of a staged value).
+TRACED_VALUE_ERRORS = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
 
 
 def checked_where_known(check, *args) -> bool:
@@ -71,14 +66,6 @@ def checked_where_known(check, *args) -> bool:
     except TRACED_VALUE_ERRORS:
         return False
     return True
-
-
-def host(x) -> np.ndarray:
-    """`known(x)`, raising `TracedValue` when the value is not known now."""
-    value = known(x)
-    if value is None:
-        raise TracedValue
-    return value
 
 
 def host_array(value) -> jax.Array:
@@ -222,14 +209,13 @@ def check_step_size(dt, name: str = "dt") -> None:
 
 
 def check_positive_step(dt, steps, save_every):
-    check_real(dt, "dt", "a positive finite scalar")
+    check_step_size(dt)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(save_every, (int, np.integer)) or save_every < 1:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
     if steps % save_every:
         raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
-    check_step_size(dt)
 
 
 def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> None:

@@ -68,8 +68,9 @@ def batch_axis_first(a):
     outputs, but stages them by those of its function's (JAX 0.10): where the two
     computations end in different layouts (the fast loop's carry against the exact
     loop's stacked entries), the outputs are read transposed (`jax.grad` of a `vmap`
-    over gains raised a shape error). Every custom derivative of geomjax ends its
-    function and its rule here, so the two agree."""
+    over gains raised a shape error). `custom_jvp_by_reference` ends its function and
+    its rule here, so the two agree. (The simplified graphs' rule instead returns its
+    function's own call as its primal: `geomjax.internal.simplify`.)"""
     shape = jnp.shape(a)
     return jax.lax.reshape(jax.lax.reshape(a, (1, *shape)), shape)
 
