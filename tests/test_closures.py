@@ -417,3 +417,14 @@ def test_the_gradient_of_a_vmap_over_a_closed_over_value(case):
     (closed, passed), up, down = everything(P)
     assert _close(closed, passed, 1e-9)
     assert _close(closed, (up - down) / (2 * EPS), 1e-6)
+
+
+def test_the_examples_of_the_closure_and_check_helpers_run():
+    import doctest
+
+    import geomjax._validate
+    import geomjax.internal.closure
+
+    for module in (geomjax.internal.closure, geomjax._validate):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
