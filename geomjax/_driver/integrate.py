@@ -53,7 +53,6 @@ from .common import (
     solution_from_record,
 )
 from .flagged import flag_failed
-from .pallas_loop import constant_status, pallas_steps
 from .solution import FailureDetail, Solution, raise_if_failed
 from .._status import RESULTS
 from .._step.base import AbstractStep, FunctionStep
@@ -136,7 +135,7 @@ def per_entry(step):
         if not _converts(step.step):
             return step
         inner, axes = vmap_keep_shared(per_entry, (step.step,), list(step.step_axes), step.size, step.axis)
-        return BatchedStep(inner, axes, step.axis, step.size, step.loop)
+        return BatchedStep(inner, axes, step.axis, step.size, step.rows)
     if _converts(step):
         return eqx.tree_at(lambda s: s.field, step, entrywise(step.field))
     return step
@@ -196,13 +195,8 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
             return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
-        if getattr(step, "loop", "scan") == "pallas" and constant_status(step, t0, z, dt, args):
-            # The same scan as one Pallas kernel (`pallas_loop.py`); `ok` stays all true.
-            z_end, mark = pallas_steps(step, dt, t0, args, block, k0, z)
-            ok = init[3]
-        else:
-            (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block, unroll=unroll)
-            mark = mark + finite_mark(z_end)
+        (z_end, _, mark, ok), _ = lax.scan(body, init, None, length=block, unroll=unroll)
+        mark = mark + finite_mark(z_end)
         failed_before = record[STATUS] != OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
         # After an earlier failure the state stays where it was and only the count moves.

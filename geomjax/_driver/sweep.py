@@ -23,20 +23,17 @@ from .batched import batch_members, holds_member_values, reachable_tracers
 from .common import compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, runs_whole
-from .pallas_loop import check_pallas_loop
+from .loop_choice import auto_loop, step_profile
+from .common import begin
 from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.
 DEFAULT_CHUNK = 1 << 20
-# Layout and steps per loop iteration per backend, the fastest that
-# benchmarks/sweep_throughput.py measured (spherical-pendulum feedback Euler; README,
-# "Sweeps on a GPU"): on a GPU component-major with 8 steps per iteration, many times
-# faster there than batch-major with one; on the CPU batch-major with one step.
-_AUTO = {"cpu": ("batch", 1), "gpu": ("component", 8)}
 # Below this many members a GPU is slower than the CPU: a GPU step costs a kernel launch
 # whatever the batch (benchmarks/sweep_throughput.py; README).
 _GPU_MIN_MEMBERS = 4096
-_AXIS = {"batch": 0, "component": -1}
+# Layout name ↦ (member axis, carried as rows): `batched.py`.
+_LAYOUTS = {"batch": (0, False), "component": (-1, True), "component-pieces": (-1, False)}
 
 
 def _platform(devices) -> str:
@@ -78,7 +75,7 @@ def _check_names(build, member, grid):
         pass
 
 
-# Probes that passed, by (build, method, loop, layout, the member's shapes and dtypes): a
+# Probes that passed, by (build, method, layout, unroll, platform, the member's shapes and dtypes): a
 # later sweep of the same kind skips the trace (a few milliseconds, more for big systems).
 _PROBED: dict = {}
 _MAX_PROBED = 256
@@ -120,6 +117,21 @@ def _probe(probe, member, key) -> tuple:
     return found[0]
 
 
+def _one_step_profile(step, x0, dt, t0, args):
+    """Whether one member's step reports a constant status (no solve that can fail) and
+    its `step_profile`, read off a trace of one step from `x0` (nothing is computed)."""
+    codes = []
+
+    def one(x0, dt, t0):
+        target, (z0, _), _ = begin(step, x0, dt, None, None, t0, args)
+        z1, result = target.advance(t0, z0, dt, args)
+        codes.append(is_concrete(result._value) and int(np.asarray(result._value)) == 0)
+        return z1
+
+    profile = step_profile(one, x0, dt, t0)
+    return codes[0], profile
+
+
 def _maker(build, method, is_step):
     """member values ↦ (that member's step, its x0)."""
 
@@ -132,9 +144,10 @@ def _maker(build, method, is_step):
     return make
 
 
-def _batch(build, members, method, is_step, axis, size, loop="scan"):
+def _batch(build, members, method, is_step, layout, size):
     """The chunk's members as one `BatchedStep` and their initial states as (n, B)."""
-    step, x0 = batch_members(_maker(build, method, is_step), members, axis, size, loop)
+    axis, rows = _LAYOUTS[layout]
+    step, x0 = batch_members(_maker(build, method, is_step), members, axis, size, rows)
     # Values traced outside the sweep that build closes over (a parameter of an enclosing
     # jax.grad or jit) may stay in the step: the driver takes them as inputs of its
     # derivatives. Values of the members may not.
@@ -173,11 +186,11 @@ def _chunk_outputs(step, sol, monitored=None):
 
 
 def _sweep_chunk(
-    build, members, dt, t0, args, method, is_step, axis, size, loop, n_blocks, block, checkpoint, start_tol, drift_tol,
+    build, members, dt, t0, args, method, is_step, layout, size, n_blocks, block, checkpoint, start_tol, drift_tol,
     unroll, grid_shape=None,
 ):
     """One chunk in one compiled program: members built, run, checked and laid out."""
-    step, x0 = _batch(build, members, method, is_step, axis, size, loop)
+    step, x0 = _batch(build, members, method, is_step, layout, size)
     sol, *monitored = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
     outputs = _chunk_outputs(step, sol, monitored)
     if grid_shape is not None:  # the chunk is the whole grid: shaped like it here, not after
@@ -248,7 +261,6 @@ def sweep(
     devices=None,
     progress: bool | str = False,
     checkpoint: bool = True,
-    loop: str = "scan",
 ) -> SweepResult:
     """Run one method over every member of a grid of parameters, gains and initial states.
 
@@ -260,9 +272,9 @@ def sweep(
 
     All members advance together in one compiled loop (the driver of `integrate` on a
     batch): `B` members of `n` scalars each are laid out either batch-major, (B, n), or
-    component-major, (n, B), where every scalar of the state is a contiguous vector over
-    the members and the derived field's scalar operations are vector operations (the
-    GPU layout).
+    component-major, where the loop carries one vector of the B members' values per
+    scalar of the state and the derived field's scalar operations are vector operations
+    on them (the GPU layout).
 
     **Arguments:**
 
@@ -274,24 +286,19 @@ def sweep(
       `geomjax.integrate`, shared by all members (they fix the compiled loop: a sweep over
       step sizes is one sweep per step size).
     - `save_every`: save every this many steps (default: only the final state).
-    - `layout`: `"batch"`, `"component"` or `"auto"` (component-major on a GPU,
-      batch-major on the CPU, as measured fastest there).
-    - `unroll`: steps per iteration of the compiled loop (`"auto"`: 8 on a GPU, 1 on the CPU).
+    - `layout`: `"batch"`, `"component"` (one (B,) array per scalar of the state in the
+      loop), `"component-pieces"` (the pieces as (n, B) arrays) or `"auto"`: batch-major
+      on the CPU; on a GPU `"component"`, or `"component-pieces"` for explicit steps with
+      transcendental functions (README, "Sweeps on a GPU", says what was measured).
+    - `unroll`: steps per iteration of the compiled loop (`"auto"`: 1 on the CPU; on a
+      GPU by the step's cost: 8 for a cheap explicit step such as Euler on a small field,
+      4 for a few evaluations, 1 for RK4-sized steps and for steps with a solve).
     - `chunk_size`: members per compiled chunk (default all, up to 2²⁰); the last chunk is
       padded to the same size so that every chunk reuses one compilation.
     - `devices`: a device, a platform name or a list of devices; with several, each chunk
       is sharded over them (`jax.sharding`, one mesh axis `"members"`), also across hosts
       after `jax.distributed.initialize()`. Default: JAX's default device.
     - `progress`: show a progress bar over chunks and steps.
-    - `loop`: how each save block of steps runs: `"scan"` (a `lax.scan`), or `"pallas"`:
-      one Pallas kernel per block that keeps every member's state in registers over all
-      its steps (compiled on a GPU, interpreted elsewhere: slow on the CPU, for testing).
-      Needs the component-major layout (`"auto"` then means `"component"`) and an
-      explicit method (`"euler"`, `"heun"`, `"midpoint"`, `"rk3"`, `"rk4"`, or a step
-      whose status is a constant); other cases raise a `ValueError`. Statuses and failed
-      steps are those of `"scan"` (a failed block is recomputed step by step as there);
-      blocks of one or two steps (`save_every` ≤ 2) run the checked loop either way, and
-      `unroll` applies to the scan only.
 
     **Returns:**
 
@@ -322,15 +329,10 @@ def sweep(
     grid = as_grid(grid)
     devices = _as_devices(devices)
     platform = _platform(devices)
-    if loop not in ("scan", "pallas"):
-        raise ValueError(f"loop must be 'scan' or 'pallas', got {loop!r}")
-    if layout == "auto":
-        layout = "component" if loop == "pallas" else _AUTO[platform][0]
-    if layout not in _AXIS:
-        raise ValueError(f"layout must be 'batch', 'component' or 'auto', got {layout!r}")
-    if unroll == "auto":
-        unroll = _AUTO[platform][1]
-    unroll = _as_count(unroll, "unroll")
+    if layout not in ("auto", *_LAYOUTS):
+        raise ValueError(f"layout must be 'batch', 'component', 'component-pieces' or 'auto', got {layout!r}")
+    if unroll != "auto":
+        unroll = _as_count(unroll, "unroll")
     if chunk_size is None:
         chunk_size = min(grid.size, DEFAULT_CHUNK)
     chunk_size = min(_as_count(chunk_size, "chunk_size"), grid.size)
@@ -360,14 +362,15 @@ def sweep(
         x0 = as_state(x0, target.dim, "x0 of the first member")
         check_call_args(target, x0, args)
         step = target if is_step else build_step(method, target)
-        if loop == "pallas":
-            check_pallas_loop(step, x0, dt, t0, args, layout)
-        return is_step, step.quantity_labels(x0)
+        choice = (layout, unroll)
+        if "auto" in choice:
+            constant, profile = (True, None) if platform == "cpu" else _one_step_profile(step, x0, dt, t0, args)
+            picked = auto_loop(platform, constant, profile, layout)
+            choice = (picked[0], picked[1] if unroll == "auto" else unroll)
+        return is_step, step.quantity_labels(x0), choice
 
-    kind = (build, method, loop, layout, jax.tree_util.tree_structure(args))
-    is_step, labels = _probe(probe, first, kind)
-
-    axis = _AXIS[layout]
+    kind = (build, method, layout, unroll, platform, jax.tree_util.tree_structure(args))
+    is_step, labels, (layout, unroll) = _probe(probe, first, kind)
     pieces = []
     starts = list(range(0, grid.size, chunk_size))
     for c, start in enumerate(starts):
@@ -381,24 +384,17 @@ def sweep(
             if _known(_CLOSES_OVER_MEMBER, kind):
                 raise _ClosesOverMember
             if _in_one_program(steps, save_every, progress, (members, dt, t0, args)):
-                options = (method, is_step, axis, chunk_size, loop, steps // save_every, save_every, checkpoint)
+                options = (method, is_step, layout, chunk_size, steps // save_every, save_every, checkpoint)
                 whole = grid.shape if chunk_size == grid.size and n_devices == 1 else None
                 options += (start_tol, drift_tol, unroll, whole)
                 ts, piece = compiled_call(_sweep_chunk, options, build, members, dt, t0, args)
             else:  # a long run or a progress bar: the driver's chunks of steps
-                batched, x0 = compiled_call(_batch, (method, is_step, axis, chunk_size, loop), build, members)
+                batched, x0 = compiled_call(_batch, (method, is_step, layout, chunk_size), build, members)
                 sol = _run_fixed(batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll)
                 ts, piece = sol.ts, compiled_call(_chunk_outputs, (), batched, sol)
         except _ClosesOverMember:
             _remember(_CLOSES_OVER_MEMBER, kind)
-            if loop == "pallas":
-                raise ValueError(
-                    "loop='pallas' needs the swept values as pytree leaves of the step, but build "
-                    "returns functions that close over them (a lambda or inner function using a swept "
-                    "name): pass them as jax.tree_util.Partial(f, value) or a field of an equinox "
-                    "Module, or use loop='scan'"
-                ) from None
-            if layout == "component":
+            if layout != "batch":
                 warnings.warn(
                     "build returns functions that close over swept values (a lambda or inner "
                     "function using a swept name): they cannot leave the vmap that built them, so "
