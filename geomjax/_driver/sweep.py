@@ -119,17 +119,21 @@ def _probe(probe, member, key) -> tuple:
 
 def _one_step_profile(step, x0, dt, t0, args):
     """Whether one member's step reports a constant status (no solve that can fail) and
-    its `step_profile`, read off a trace of one step from `x0` (nothing is computed)."""
-    codes = []
+    the `step_profile` of its `advance`, read off a trace from `x0` (nothing is computed)."""
+    found = []
 
     def one(x0, dt, t0):
         target, (z0, _), _ = begin(step, x0, dt, None, None, t0, args)
-        z1, result = target.advance(t0, z0, dt, args)
-        codes.append(is_concrete(result._value) and int(np.asarray(result._value)) == 0)
-        return z1
 
-    profile = step_profile(one, x0, dt, t0)
-    return codes[0], profile
+        def advance(z):
+            z1, result = target.advance(t0, z, dt, args)
+            found.append(is_concrete(result._value) and int(np.asarray(result._value)) == 0)
+            return z1
+
+        found.append(step_profile(advance, z0))
+
+    jax.eval_shape(one, x0, dt, t0)
+    return found[0], found[1]
 
 
 def _maker(build, method, is_step):
