@@ -181,16 +181,19 @@ def test_traced_parameters_stay_inputs(rng):
     np.testing.assert_allclose(jax.jit(f)(2.0), 2.0 * x[0] * x)
 
 
-def test_unknown_operations_and_large_inputs_fall_back(rng):
+def test_operations_without_a_rule_are_kept_whole_and_large_inputs_fall_back(rng):
     x = jnp.asarray(rng.standard_normal(4))
 
     def with_loop(v):
-        return lax.fori_loop(0, 3, lambda i, a: a * v, v)
+        return lax.fori_loop(0, 3, lambda i, a: a * v, v) + 0.0 * v
 
     np.testing.assert_allclose(scalar_graph(with_loop, x), with_loop(x))  # concrete: folded
-    with pytest.warns(UserWarning, match="scan"):
-        assert {"while", "scan"} & set(_emitted(with_loop, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # kept whole: no fallback, no warning
+        ops = _emitted(with_loop, x)
+        assert {"while", "scan"} & set(ops) and "mul" not in ops[: ops.index("scan" if "scan" in ops else "while")]
         np.testing.assert_allclose(jax.jit(lambda v: scalar_graph(with_loop, v))(x), with_loop(x))
+        np.testing.assert_allclose(jax.jacfwd(lambda v: scalar_graph(with_loop, v))(x), jax.jacfwd(with_loop)(x))
     big = jnp.asarray(rng.standard_normal(MAX_INPUTS + 1))
     ops = _emitted(lambda v: 0.0 * v + v, big)
     assert "mul" in ops  # evaluated unchanged
@@ -318,14 +321,62 @@ def test_rewrites_never_hide_a_nan(name):
     assert "mul" not in _emitted(fn, finite) or name == "0/x at x = 0"
 
 
+def test_unseen_primitives_are_kept_whole_and_hi_primitives_expanded(rng):
+    """`sort` (no rule) and a primitive defined here are kept whole and the graph is
+    simplified around them; a `call_hi_primitive` (as JAX ≥ 0.11 stages `custom_root`) is
+    expanded; values and derivatives are those of the function as written."""
+    from jax._src import hijax  # the higher-order primitives of JAX ≥ 0.10
+
+    x = jnp.asarray(rng.standard_normal(4))
+    cube_p = jax.extend.core.Primitive("geomjax_test_cube")
+    cube_p.def_impl(lambda a: a**3)
+    cube_p.def_abstract_eval(lambda a: jax.core.ShapedArray(a.shape, a.dtype))
+    jax.interpreters.ad.defjvp(cube_p, lambda t, a: 3.0 * a**2 * t)
+    jax.interpreters.mlir.register_lowering(cube_p, jax.interpreters.mlir.lower_fun(lambda a: a**3, multiple_results=False))
+
+    class Square(hijax.VJPHiPrimitive):
+        def __init__(self, aval):
+            self.in_avals, self.out_aval, self.params = (aval,), aval, {}
+            super().__init__()
+
+        def expand(self, a):
+            return a * a
+
+        def jvp(self, primals, tangents):
+            (a,), (t,) = primals, tangents
+            return self(a), 2.0 * a * t
+
+    cases = {
+        "sort": (lambda v: jnp.sort(v) * (v + 0.0 * v), "sort"),
+        "unseen primitive": (lambda v: cube_p.bind(v) * (1.0 * v) + 0.0 * v[0], "geomjax_test_cube"),
+        "hi primitive": (lambda v: Square(jax.core.ShapedArray(v.shape, v.dtype))(v) * 1.0 + 0.0 * v, None),
+    }
+    for name, (fn, kept) in cases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # simplified: no fallback warning
+            ops = _emitted(fn, x)
+            run = jax.jit(lambda v: scalar_graph(fn, v))
+            np.testing.assert_allclose(run(x), fn(x), rtol=1e-15, err_msg=name)
+        assert "call_hi_primitive" not in ops, name
+        assert kept is None or kept in ops, (name, ops)
+        assert ops.count("mul") <= 2 * x.size, (name, ops)  # 0·v and 1·v folded away
+    t = jnp.asarray(rng.standard_normal(4))
+    for name in ("unseen primitive", "hi primitive"):
+        fn = cases[name][0]
+        derivative = jax.jvp(lambda v: scalar_graph(fn, v), (x,), (t,))[1]
+        np.testing.assert_allclose(derivative, jax.jvp(fn, (x,), (t,))[1], rtol=1e-14, err_msg=name)
+
+
 def test_a_fallback_warns_once_and_the_limits_fall_back_quietly(rng):
     simplify.clear_cache()
     x = jnp.asarray(rng.standard_normal(4))
-    fn = lambda v: jnp.sort(v) * v  # `sort` on the state is not expanded
-    with pytest.warns(UserWarning, match="sort") as record:
+    # an operation with side effects is not reordered into a graph: the function runs as written
+    fn = lambda v: jax.debug.callback(lambda a: None, v) or v * v
+
+    with pytest.warns(UserWarning, match="side effects") as record:
         first = jax.jit(lambda v: scalar_graph(fn, v) + scalar_graph(fn, v))(x)
         jax.jit(lambda v: scalar_graph(fn, 2 * v))(x)
-    assert len([w for w in record if "sort" in str(w.message)]) == 1
+    assert len([w for w in record if "side effects" in str(w.message)]) == 1
     np.testing.assert_allclose(first, 2 * fn(x))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -21,7 +21,12 @@ The graph is then emitted as scalar JAX operations and the outputs restacked. Un
 operations left in the graph. Calls (`jit`, `closed_call`, `checkpoint`, `custom_jvp`,
 `custom_vjp`: their primal body) are inlined; `stop_gradient` stays an operation of the
 graph; `gather`, `dynamic_slice` and `dynamic_update_slice` with constant indices,
-cumulative sums/products/extrema and `cond` with a constant branch index are expanded.
+cumulative sums/products/extrema and `cond` with a constant branch index are expanded, and
+so are higher-order primitives that say how they expand (`call_hi_primitive`, which JAX
+0.11 stages for some operations). An operation the expansion has no rule for (a loop,
+`scatter`, `sort`, a primitive of a newer JAX or of another library) is kept whole as one
+node of the graph, emitted as it is on arrays rebuilt from its operands' scalars: the graph
+is simplified around it.
 
 **What the rewrites assume, and how that is kept sound.** In IEEE arithmetic the rules
 `x·0 = 0`, `x − x = 0`, `0/x = 0` and `sin²x + cos²x = 1` hold only for finite `x` (and
@@ -65,10 +70,10 @@ expansion grows past `MAX_NODES` nodes, or whose simplified graph still needs mo
 `MAX_OPERATIONS` scalar operations are evaluated unchanged, quietly: that is by design
 (the expansion is quadratic in the state dimension for the Jacobians of derived fields,
 and compile time grows faster than the savings; `benchmarks/simplify_threshold.py`
-measures where). A function holding an operation the expansion does not handle (a
-`while` or `scan` loop, `scatter`, a linear solve on the state, `sort`, ...) or whose
-expansion fails is also evaluated unchanged, and a warning names the reason once per
-function: it runs unsimplified, and so slower. `enabled(False)` turns the pass off.
+measures where); so is a dense linear solve on the state past `small_solve`'s size. A
+function holding an operation with side effects, an operation kept whole that closes over
+a traced value, or whose expansion fails is also evaluated unchanged, and a warning names
+the reason once per function: it runs unsimplified, and so slower. `enabled(False)` turns the pass off.
 
 Expanded graphs are cached by the structure of the traced jaxpr, the values of its
 concrete constants and the shapes of its traced inputs, so the several traces of a field
@@ -190,13 +195,29 @@ _ELEMENTWISE = set(_FOLD) | {
 _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 _CUMULATIVE = {"cumsum": "add", "cumprod": "mul", "cummax": "max", "cummin": "min"}
 _REDUCERS = {"add": lax.add_p, "mul": lax.mul_p, "max": lax.max_p, "min": lax.min_p, "and": lax.and_p, "or": lax.or_p}
-# Kept whole, as opaque nodes: the graph is simplified around them (their operands and
-# their users), and they are emitted as they are, on arrays rebuilt from the scalars.
-_OPAQUE = {"while"}
+
+
+def _hi_expansion(eqn):
+    """The jaxpr of what a higher-order primitive (`call_hi_primitive`: JAX stages some
+    operations, e.g. `lax.custom_root` from JAX 0.11, as an object with an `expand`
+    method in terms of ordinary primitives) computes, or None for any other equation."""
+    hi = eqn.params.get("_prim", eqn.params.get("prim"))
+    expand, in_tree = getattr(hi, "expand", None), getattr(hi, "in_tree", None)
+    if not callable(expand) or in_tree is None:
+        return None
+
+    def flat(*leaves):
+        return jax.tree_util.tree_leaves(expand(*jax.tree_util.tree_unflatten(in_tree, list(leaves))))
+
+    try:
+        return jax.make_jaxpr(flat)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars])
+    except NotImplementedError:  # no expansion given: kept whole, as an opaque node
+        return None
 
 
 class _Opaque:
-    """An operation kept as it is (a loop): `emit` binds it on arrays of the given shapes."""
+    """An operation kept as it is (a loop, an operation without a rule): `emit` binds it
+    on arrays of the given shapes and returns the list of its outputs."""
 
     name = "opaque"
 
@@ -210,7 +231,8 @@ class _Opaque:
             part = [jnp.asarray(v, dtype) for v in operands[k : k + n]]
             arrays.append(part[0].reshape(shape) if n == 1 else jnp.stack(part).reshape(shape))
             k += n
-        return self.primitive.bind(*arrays, **self.params)
+        out = self.primitive.bind(*arrays, **self.params)
+        return out if self.primitive.multiple_results else [out]
 
 
 class _OpaqueOutput:
@@ -623,8 +645,9 @@ class _Expander:
             index = int(self.constant_values(invals[0], "cond branch indices"))
             branches = params["branches"]
             return self._closed(branches[min(max(index, 0), len(branches) - 1)], invals[1:])
-        if name in _OPAQUE and not self._all_constant(invals):
-            return self._opaque(eqn, invals, out_avals)
+        expansion = _hi_expansion(eqn)
+        if expansion is not None:  # a higher-order primitive of JAX ≥ 0.10: its lowering inlined
+            return self._closed(expansion, invals)
         if self._all_constant(invals):
             # anything of constants only (the LU factors of a constant matrix, ...) is a constant
             values = [self.constant_values(a, "operands") for a in invals]
@@ -633,7 +656,11 @@ class _Expander:
             # Above `small_solve`'s unrolled size a solve is a library call on purpose:
             # such a system is past what the scalar graph pays for. Quietly unchanged.
             raise _TooLarge(f"a dense linear-algebra call (`{name}`) on state-dependent values")
-        raise _Unsupported(f"`{name}`")
+        if eqn.effects:
+            raise _Unsupported(f"`{name}`, an operation with side effects,")
+        # An operation the expansion has no rule for (a `scatter`, a `sort`, a primitive of
+        # a newer JAX or of another library): kept whole, the graph simplified around it.
+        return self._opaque(eqn, invals, out_avals)
 
     def _opaque(self, eqn, invals, out_avals):
         """`eqn` kept whole: one node for the operation, one per entry of its outputs."""
