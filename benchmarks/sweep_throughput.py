@@ -14,10 +14,12 @@ Rows (all measured in the same run; ratios are against the first row, measured h
   returning the final states and the per-run statuses (so the monitoring is not dead code)
   with the member's feedback field Y(x) built inside `vmap` (its targets are the member's
   own, as in the sweep); RATTLE's step is the same for every member and built once.
-- sweep: `geomjax.sweep(build, geomjax.zipped(x0=xs), ...)` with layout "batch" /
-  "component" and 1 or 8 steps per loop iteration, and "auto"; the whole call is timed
-  (building the members, the start check, the loop, the per-member status and drift
-  errors, assembling the `SweepResult`).
+- sweep: `geomjax.sweep(build, geomjax.zipped(x0=xs), ...)` with layout "batch" or
+  "component" (the loop carries one (B,) array per scalar of the state) and 1 or 8 steps
+  per loop iteration, "component-pieces" (the loop carries (n, B) pieces: the component
+  layout before rows) with 8, and "auto" (what it picks for the problem on this backend is
+  printed above its table); the whole call is timed (building the members, the start
+  check, the loop, the per-member status and drift errors, assembling the `SweepResult`).
 - hand, component / hand, batch (pendulum Euler only): seed 000 eqs. (7)–(8) (m = g = 1,
   k1..k4 = K) written on six arrays q1, q2, q3, p1, p2, p3 of shape (B,) in plain scalar
   arithmetic, explicit Euler in a `lax.scan`; "component" runs it on the (B,) arrays,
@@ -25,6 +27,11 @@ Rows (all measured in the same run; ratios are against the first row, measured h
 
 Under each batch size: what a sweep call costs whatever its steps (the same call with 16
 steps), and "sweep auto"'s throughput net of that fixed cost (the loop's own speed).
+
+Targets (issue 24, GPU, B ≥ 1e6, through the public API): pendulum Euler 1e11, RK4
+2.4e10, RATTLE 1e10, knife edge 1.1e10 trajectory-steps/s; the summary prints each
+problem's best "sweep auto" over them. On the CPU the check is that "sweep auto" is at
+least 0.95× vmap of integrate at every batch size (printed too).
 
 Problems: (1) spherical pendulum feedback field, explicit Euler (the headline); (2) the
 same field, RK4; (3) RATTLE on the holonomic spherical pendulum; (4) the knife edge's
@@ -42,9 +49,9 @@ No timing is asserted. Run: `python benchmarks/sweep_throughput.py [--quick] [--
 
 import argparse
 import functools
+import json
 import os
 import platform
-import sys
 import time
 import warnings
 
@@ -64,9 +71,12 @@ SWEEP_ROWS = [
     ("sweep batch, unroll 8", "batch", 8),
     ("sweep component, unroll 1", "component", 1),
     ("sweep component, unroll 8", "component", 8),
+    ("sweep component-pieces, unroll 8", "component-pieces", 8),
     ("sweep auto", "auto", "auto"),
 ]
 REFERENCE = "vmap of integrate"
+# GPU targets, trajectory-steps/s at B ≥ 1e6 (module docstring).
+TARGETS = {"euler": 1e11, "rk4": 2.4e10, "rattle": 1e10, "knife": 1.1e10}
 SLOW = 2.0  # seconds: a row whose timed call takes longer is not timed again
 
 
@@ -155,14 +165,14 @@ def vmap_integrate(problem, steps):
     return jax.jit(jax.vmap(one))
 
 
-def sweep_run(problem, steps, layout, unroll):
+def sweep_run(problem, steps, layout, unroll, whole=False):
     method = {} if problem.method is None else {"method": problem.method}  # a step takes no method
 
     def run(xs):
         result = geomjax.sweep(
             problem.build, geomjax.zipped(x0=xs), dt=DT, steps=steps, layout=layout, unroll=unroll, **method
         )
-        return result.xs[:, -1], result.status
+        return result if whole else (result.xs[:, -1], result.status)
 
     return run
 
@@ -315,10 +325,20 @@ def fmt_rate(r):
     return f"{r:.3e}"
 
 
+def auto_choice(problem):
+    """(layout, unroll) that "auto" picks for `problem` on this backend, as the sweep
+    records it in its result (a 4-member, 16-step sweep)."""
+    result = sweep_run(problem, 16, "auto", "auto", whole=True)(problem.states(4, jax.random.PRNGKey(2)))
+    definition = json.loads(result.definition)
+    return definition["layout"], definition["unroll"]
+
+
 def run_problem(problem, batches, args, hand_rows, sweep_rows):
     print()
     print("=" * 116)
+    layout, unroll = auto_choice(problem)
     print(f"{problem.title}; dt = {DT:g}; vmap of integrate: {problem.per_member}")
+    print(f"'sweep auto' on this backend = layout {layout!r}, unroll {unroll}")
     print(f"{'row':<28}{'B':>8}{'steps':>8}{'first [s]':>11}{'compile [s]':>12}{'run [s]':>10}"
           f"{'traj-steps/s':>14}{'x vmap':>8}{'ok':>15}{'max|dx|':>10}")
     results = []  # (label, batch, rate, ratio)
@@ -443,6 +463,21 @@ def summary(all_results, memory):
         print(line)
         if key == "euler":
             best_euler = rate
+    gpu = jax.default_backend() != "cpu"
+    print("  targets (GPU, B >= 1e6): best 'sweep auto' / target" + ("" if gpu else " (a GPU target: for scale only on the CPU)"))
+    for key, results in all_results.items():
+        autos = [r for r in results if r[0] == "sweep auto"]
+        if key in TARGETS and autos:
+            label, batch, rate, ratio = max(autos, key=lambda r: r[2])
+            print(f"    {key:<7} {rate:.3e} at B = {batch} / {TARGETS[key]:.1e} = {rate / TARGETS[key]:.3f}")
+    if not gpu:
+        print("  CPU check, 'sweep auto' >= 0.95x vmap of integrate at every B:")
+        for key, results in all_results.items():
+            autos = [r for r in results if r[0] == "sweep auto"]
+            if autos:
+                worst = min(autos, key=lambda r: r[3])
+                verdict = "yes" if worst[3] >= 0.95 else "NO"
+                print(f"    {key:<7} {verdict}: lowest {worst[3]:.2f}x at B = {worst[1]}")
     if best_euler is None:
         print("  (the pendulum Euler problem was not run: no best throughput)")
         best_euler = float("nan")
@@ -479,10 +514,8 @@ def main(argv=None):
     print("throughput = B × steps / run [s]; compile = first call − best call; 'x vmap' = throughput /"
           " vmap-of-integrate throughput at the same B; 'ok' = members with status success;")
     print("max|dx| = largest difference of the final states from the vmap-of-integrate row's.")
-    # what layout="auto" picks (the sweep module's table; the sweep's docstring says the same)
-    auto = getattr(sys.modules.get("geomjax._driver.sweep"), "_AUTO", {}).get("gpu" if gpu else "cpu", ("?", "?"))
-    print(f"'sweep auto' on this backend = layout {auto[0]!r}, unroll {auto[1]} (the same compiled program as"
-          f" that row, so its compile time is ~0)")
+    print("'sweep auto' is the same compiled program as the row of the layout and unroll it picks"
+          " (its compile time is then ~0)")
 
     all_results = {}
     for problem in problems:
