@@ -54,8 +54,9 @@ def _sweep(case, layout):
     return geomjax.sweep(build, geomjax.zipped(**grid), layout=layout, **KW, **method)
 
 
+# (the rows layout against vmap of integrate, for every kind of step: tests/test_sweep.py)
 @pytest.mark.parametrize(
-    "case", ["euler", "gauss2", "rattle", pytest.param("rk4", marks=pytest.mark.extended)]
+    "case", ["euler", "rattle", *[pytest.param(c, marks=pytest.mark.extended) for c in ("gauss2", "rk4")]]
 )
 def test_rows_pieces_and_batch_layouts_agree_with_failing_members(case):
     results = {layout: _sweep(case, layout) for layout in ("component", "component-pieces", "batch")}
@@ -141,3 +142,25 @@ def test_rows_round_trip_and_the_module_examples():
     for module in (batched, loop_choice):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_rows_in_chunks_and_long_runs_equal_one_program():
+    """The component layout in chunks of members and through the driver's chunks of
+    steps (a progress bar) gives the one-program result, statuses included."""
+    build, grid, _ = CASES["euler"]
+    kw = dict(dt=0.01, steps=12, save_every=4, method="euler", layout="component")
+    whole = geomjax.sweep(build, geomjax.zipped(**grid), **kw)
+    parts = geomjax.sweep(build, geomjax.zipped(**grid), chunk_size=2, progress="rows", **kw)
+    np.testing.assert_array_equal(np.asarray(parts.status), np.asarray(whole.status))
+    np.testing.assert_array_equal(np.asarray(parts.failed_step), np.asarray(whole.failed_step))
+    np.testing.assert_allclose(np.asarray(parts.xs), np.asarray(whole.xs), rtol=0, atol=1e-13)
+
+
+def test_the_library_ships_no_pallas_kernel():
+    """The sweep runs one loop, a `lax.scan` (README, "No Pallas loop"). A Pallas kernel
+    added later needs a CPU test of its Triton lowering (`jax.export` for
+    `platforms=["cuda"]` with `pallas.triton.CompilerParams`) beside this one."""
+    import pathlib
+
+    sources = pathlib.Path(geomjax.__file__).parent.rglob("*.py")
+    assert not [p.name for p in sources if "pallas" in p.read_text()]
