@@ -97,7 +97,11 @@ def pendulum_build(x0):
 
 @functools.cache
 def rattle_step():
-    return geomjax.rattle(geomjax.models.spherical_pendulum(holonomic=True).system)
+    # Built from concrete values even when first called inside a trace (the build of a
+    # sweep member): a cached step holding the tracers of that trace would leak them
+    # into every later program.
+    with jax.ensure_compile_time_eval():
+        return geomjax.rattle(geomjax.models.spherical_pendulum(holonomic=True).system)
 
 
 def rattle_build(x0):
