@@ -224,6 +224,10 @@ class BatchedStep(AbstractStep):
         """`z` with the members along `self.axis` of each leaf (rows restacked)."""
         return z.to_pieces() if isinstance(z, Rows) else z
 
+    def fast_variant(self):
+        inner = self.step.fast_variant()
+        return self if inner is self.step else BatchedStep(inner, self.step_axes, self.axis, self.size, self.rows)
+
     @property
     def dim(self):
         return self.step.dim

@@ -244,7 +244,7 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
     def fast(dyn, z, record):
         s, h, t, a = rebuild(dyn)
         exact = _exact_steps(s, h, t, a, block, False)
-        return _fast_steps(s, h, t, a, block, exact, unroll)(z, record)
+        return _fast_steps(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
 
     # Values from the fast loop, derivatives from the exact one, with respect to the
     # explicit inputs and to whatever the user's functions close over (a parameter traced

@@ -34,6 +34,13 @@ class AbstractStep(AbstractMonitored):
         """True for a multistep method (its loop pieces hold past values)."""
         return False
 
+    def fast_variant(self) -> "AbstractStep":
+        """The step the driver's fast loop runs (`geomjax.integrate`): the same map where
+        it succeeds, allowed to report a failure where this step would recover at a
+        cost (an implicit step's Newton fallback). A block where it fails is recomputed
+        with `self`, so the results and statuses are this step's. Default: `self`."""
+        return self
+
     def start(self, t0, z0, h, args):
         """The loop carry at the start of a run from the pieces `z0`: `z0` itself for a
         one-step method; a multistep method adds the history its starter computes."""

@@ -1,19 +1,21 @@
-"""Implicit Runge–Kutta steps (Gauss–Legendre, implicit midpoint, trapezoidal) with Newton.
+"""Implicit Runge–Kutta steps (Gauss–Legendre, implicit midpoint, trapezoidal).
 
 An s-stage Runge–Kutta method for ẋ = X(x) with coefficients (A, b) advances
 
     Zᵢ = h Σⱼ aᵢⱼ X(x + Zⱼ)  (i = 1..s),     x₁ = x + h Σᵢ bᵢ X(x + Zᵢ).
 
-The stage increments Zᵢ (O(h), well scaled for Newton's update test) are found together
-by the simplified Newton iteration of `geomjax.Newton` (one Jacobian J = X'(x) per step,
-the matrix I − h A⊗J reused by every iteration), starting from the predictor
-Zᵢ = cᵢ h X(x); stages whose row of A is
+The stage increments Zᵢ (O(h), well scaled for the update tests) are found together,
+starting from the predictor Zᵢ = cᵢ h X(x), by the fixed-point iteration Z ← h(A⊗I)X(x + Z)
+(`geomjax._solve.fixed_point`) and, where it does not contract, by the simplified Newton
+iteration of `geomjax.Newton` (one Jacobian J = X'(x) per step, the matrix I − h A⊗J
+reused by every iteration); stages whose row of A is
 zero (the first stage of the trapezoidal rule) are explicit and not unknowns. Gauss–
 Legendre methods (s = 1, 2, 3: orders 2, 4, 6) are symplectic and symmetric, and conserve
 every quadratic first integral exactly; the trapezoidal rule is order 2 and symmetric, not
 symplectic (it is conjugate to the implicit midpoint rule).
 """
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -24,6 +26,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._field.base import AbstractField, as_field
 from .methods import register_method
+from .._solve.fixed_point import SOLVERS, FixedPoint
 from .._solve.newton import Newton, as_newton
 from .base import FieldStep, newton_status
 
@@ -120,6 +123,19 @@ class ImplicitRungeKutta(FieldStep):
     field: AbstractField
     tableau: ImplicitTableau
     newton: Newton = Newton()
+    solver: str = eqx.field(static=True, default="auto")
+    fixed_point: FixedPoint = FixedPoint()
+
+    def __check_init__(self):
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+
+    def fast_variant(self):
+        # "auto" in the fast loop is the fixed-point iteration alone: a step where it does
+        # not contract fails its block, which the driver recomputes with the Newton fallback.
+        # (A fallback inside the loop, even one that never runs, holds LAPACK calls that
+        # keep XLA's CPU runtime from compiling the loop into one function: 4× slower.)
+        return dataclasses.replace(self, solver="fixed_point") if self.solver == "auto" else self
 
     def advance(self, t, z, h, args):
         tab = self.tableau
@@ -127,15 +143,15 @@ class ImplicitRungeKutta(FieldStep):
         implicit = [i for i, e in enumerate(explicit) if not e]
         k_start = self.field.rhs(t, z, args)  # explicit rows have c_i = 0
 
-        def stage_slopes(increments):
+        def stage_slopes(increments, z=z):
             """X(t + cᵢh, x + Zᵢ) for every stage, given the increments of the implicit stages."""
             slopes, it = [], iter(increments)
             for i, e in enumerate(explicit):
                 slopes.append(k_start if e else self.field.rhs(t + tab.c[i] * h, _add(z, next(it)), args))
             return slopes
 
-        def residual(increments):
-            slopes = stage_slopes(increments)
+        def residual(increments, z=z):
+            slopes = stage_slopes(increments, z)
             out = []
             for zi, i in zip(increments, implicit):
                 combo = _weighted(h, tab.a[i], slopes)
@@ -144,19 +160,29 @@ class ImplicitRungeKutta(FieldStep):
 
         c = tab.c
         guess = tuple(jax.tree_util.tree_map(lambda k, ci=c[i]: ci * h * k, k_start) for i in implicit)
-        # Simplified Newton: J = X'(x) once per step (n forward passes), the matrix
-        # I − h A⊗J of the implicit stages reused by every iteration (exact Newton would
-        # differentiate all s stages in every iteration: s²n field jvps each time).
-        flat_z, unravel = ravel_pytree(z)
-        n = flat_z.shape[0]
-        jac = jax.jacfwd(lambda v: ravel_pytree(self.field.rhs(t, unravel(v), args))[0])(flat_z)
-        a_imp = jnp.asarray([[tab.a[i][j] for j in implicit] for i in implicit], flat_z.dtype)
-        matrix = jnp.eye(len(implicit) * n, dtype=flat_z.dtype) - h * jnp.kron(a_imp, jac)
-        # Explicit stages do not move with the unknowns, so the matrix above is exact in
-        # their place; the leaves of each increment are flattened in `guess` order.
-        # The default keeps the loop: a fixed count of written-out iterations runs no
-        # faster here (benchmarks/implicit_rk.py, gauss4 on the spherical pendulum).
-        res = self.newton.solve(residual, guess, jacobian=matrix)
+
+        def newton(start, z=z):
+            # Simplified Newton: J = X'(x) once per step (n forward passes), the matrix
+            # I − h A⊗J of the implicit stages reused by every iteration (exact Newton would
+            # differentiate all s stages in every iteration: s²n field jvps each time).
+            flat_z, unravel = ravel_pytree(z)
+            n = flat_z.shape[0]
+            jac = jax.jacfwd(lambda v: ravel_pytree(self.field.rhs(t, unravel(v), args))[0])(flat_z)
+            a_imp = jnp.asarray([[tab.a[i][j] for j in implicit] for i in implicit], flat_z.dtype)
+            matrix = jnp.eye(len(implicit) * n, dtype=flat_z.dtype) - h * jnp.kron(a_imp, jac)
+            # Explicit stages do not move with the unknowns, so the matrix above is exact in
+            # their place; the leaves of each increment are flattened in `guess` order.
+            return self.newton.solve(lambda w: residual(w, z), start, jacobian=matrix)
+
+        if self.solver == "newton":
+            res = newton(guess)
+        else:
+            # Z ← Φ(Z) needs no Jacobian and no linear algebra; where it does not contract
+            # ("auto") the simplified Newton solve runs from the same guess.
+            fallback = None
+            if self.solver == "auto":
+                fallback = lambda start, z: (lambda r: (r.value, r.converged))(newton(start, z))  # noqa: E731
+            res = self.fixed_point.solve(residual, guess, fallback=fallback, carried=(z,))
         z1 = _add(z, _weighted(h, tab.b, stage_slopes(res.value)))
         return z1, newton_status(res.converged)
 
@@ -169,14 +195,23 @@ def implicit_rk(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int | None = None,
+    solver: str = "auto",
 ) -> ImplicitRungeKutta:
-    """An implicit Runge–Kutta step for any vector field, stages solved by Newton.
+    """An implicit Runge–Kutta step for any vector field, stages solved by fixed-point
+    iteration or Newton.
 
     Zᵢ = h Σⱼ aᵢⱼ X(x + Zⱼ),  x₁ = x + h Σᵢ bᵢ X(x + Zᵢ), with the implicit stage increments
-    solved together by simplified Newton (`geomjax.Newton`; the field's Jacobian by
-    forward-mode autodiff once per step, exact derivatives of x₁ by the implicit function
-    theorem). A Newton solve that does not
-    converge gives the step status `RESULTS.newton_failed`.
+    solved together from the predictor Zᵢ = cᵢ h X(x), by
+
+    - `solver="fixed_point"`: the iteration Z ← h (A⊗I) X(x + Z) to round-off (no Jacobian,
+      no linear algebra: fast for non-stiff fields, where h‖X'‖‖A‖ < 1);
+    - `solver="newton"`: simplified Newton (`geomjax.Newton`; the field's Jacobian by
+      forward-mode autodiff once per step);
+    - `solver="auto"` (default): the fixed-point iteration, and Newton from the same
+      predictor in the steps (and `vmap` members) where it does not contract.
+
+    Derivatives of x₁ are exact, by the implicit function theorem, whichever solver ran.
+    A stage solve that does not converge gives the step status `RESULTS.newton_failed`.
 
     Tableaux: `GAUSS2` (= `IMPLICIT_MIDPOINT`), `GAUSS4`, `GAUSS6` (Gauss–Legendre with 1, 2,
     3 stages; orders 2, 4, 6; symplectic for Hamiltonian fields), `TRAPEZOIDAL` (order 2).
@@ -191,6 +226,7 @@ def implicit_rk(
       on the stage increments (default `Newton()`: a loop, at most 25 iterations, update
       test 1e-13).
     - `rtol`, `atol`, `max_iter`: the earlier keywords, mapped onto `newton`.
+    - `solver`: `"auto"`, `"fixed_point"` or `"newton"` (above).
 
     **Returns:**
 
@@ -206,7 +242,9 @@ def implicit_rk(
     """
     if not isinstance(tableau, ImplicitTableau):
         raise TypeError(f"tableau must be an ImplicitTableau (GAUSS2, GAUSS4, ...), got {type(tableau).__name__}")
-    return ImplicitRungeKutta(as_field(field), tableau, as_newton(newton, rtol, atol, max_iter))
+    if solver not in SOLVERS:
+        raise ValueError(f"implicit_rk: solver must be one of {SOLVERS}, got {solver!r}")
+    return ImplicitRungeKutta(as_field(field), tableau, as_newton(newton, rtol, atol, max_iter), solver)
 
 
 register_method("implicit_midpoint", lambda f: implicit_rk(f, GAUSS2), 2)
