@@ -87,11 +87,11 @@ class FixedPoint(eqx.Module):
                 y, k, _, _, previous = c
                 dy = g(y)
                 y_new = y - dy
-                size = jnp.max(jnp.abs(dy))
-                finite = jnp.all(jnp.isfinite(y_new))
+                size = jnp.max(jnp.abs(dy))  # NaN or inf when y_new is not finite
                 small = size <= self.atol + self.rtol * jnp.max(jnp.abs(y_new))
-                stalled = (k >= self.patience) & (size >= previous)
-                return y_new, k + 1, small | ~finite | stalled, small & finite, size
+                # not contracting (or not finite: NaN compares false)
+                stalled = (k >= self.patience) & ~(size < previous)
+                return y_new, k + 1, small | stalled, small, size
 
             start = (y0, jnp.asarray(0), jnp.asarray(False), jnp.asarray(False), jnp.asarray(jnp.inf, y0.dtype))
             y, k, _, ok, _ = lax.while_loop(cond, body, start)
