@@ -263,6 +263,57 @@ def _scan_blocks(
     With `monitored`, each save is `(x, invariants, residuals)`: the values the drift
     check computed there (NaN after a failure, as the states).
     """
+    if block <= 2 and step.fast_variant() is not step:
+        return _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
+    return _scan_blocks_of(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
+
+
+def _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored):
+    """`_scan_blocks_of(step, ...)` for blocks of one or two steps (run by the checked loop
+    alone) of a step with a cheaper `fast_variant` (an implicit step whose Newton fallback,
+    present in a loop even where it never runs, slows the whole loop several times on the
+    CPU): the run goes with the fast variant, and only where it failed (a batch: where
+    some member failed) again with `step` from the start, its results taken for the runs
+    that failed. Values are `step`'s wherever they differ, and derivatives are those of
+    the run with `step` (`custom_jvp_by_reference`)."""
+    leaves, treedef = jax.tree_util.tree_flatten((step, dt, t0, args, monitor))
+    is_dyn = [eqx.is_array(leaf) for leaf in leaves]
+    dyn = [leaf for leaf, d in zip(leaves, is_dyn) if d]
+
+    def rebuild(dyn):
+        it = iter(dyn)
+        return jax.tree_util.tree_unflatten(treedef, [next(it) if d else leaf for leaf, d in zip(leaves, is_dyn)])
+
+    def reference(dyn, carry):
+        s, h, t, a, m = rebuild(dyn)
+        return _scan_blocks_of(s, carry, h, t, a, m, n_blocks, block, checkpoint, unroll, monitored)
+
+    def value(dyn, carry):
+        s, h, t, a, m = rebuild(dyn)
+        fast = _scan_blocks_of(s.fast_variant(), carry, h, t, a, m, n_blocks, block, False, unroll, monitored)
+        failed = fast[0][1][STATUS] != OK
+
+        def again(c):
+            # From the carry through a barrier: XLA would hoist a recomputation of values
+            # it sees as loop-invariant out of the loop, and run it every time.
+            start_dyn, start_carry = lax.optimization_barrier((c[2], c[3]))
+            return jnp.zeros_like(c[0]), reference(start_dyn, start_carry), start_dyn, start_carry
+
+        _, full, _, _ = lax.while_loop(lambda c: jnp.any(c[0]), again, (failed, fast, dyn, carry))
+        (z_full, record_full), xs_full = full
+        (z_fast, record_fast), xs_fast = fast
+        pick = lambda a, b: jnp.where(failed, a, b)  # members on the last axis
+        z = s.state_select(failed, z_full, z_fast)
+        return (z, pick(record_full, record_fast)), jax.tree_util.tree_map(pick, xs_full, xs_fast)
+
+    return custom_jvp_by_reference(value, reference)(dyn, carry)
+
+
+def _scan_blocks_of(
+    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1,
+    monitored: bool = False,
+):
+    """`_scan_blocks` with `step` throughout."""
     block_map = _block_map(step, dt, t0, args, block, checkpoint, unroll)
 
     def run_block(c):
