@@ -17,7 +17,10 @@ What a run guarantees (under `jit` and `vmap` too):
 
 The per-step loop carries only the state and a finiteness mark; a save block that failed
 is recomputed step by step by the checked loop (`_exact_steps`), which also defines the
-derivatives (`_block_map`).
+derivatives (`_block_map`). A step with a cheaper `fast_variant` (an implicit step's
+fixed-point iteration without its Newton fallback) runs as that variant in the fast loop,
+and in runs saved every one or two steps for the whole run, redone with the step itself
+only where it failed (`_fast_variant_then_step`).
 """
 
 import dataclasses
