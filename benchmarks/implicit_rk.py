@@ -14,7 +14,10 @@ Both integrate the Dirac field of the spherical pendulum, `geomjax.dirac_field(s
             predictor in a `while_loop` until the update is ≤ 1e−15(1 + |Z|), no linear
             algebra (the floor the issue measured at 0.35 µs/step).
 
-Also, for context, diffrax Tsit5 and Dopri8 (adaptive) at the final error of gauss4.
+Also, for context, diffrax Tsit5 and Dopri8 (adaptive) at the final error of gauss4, and
+at equal final error (1e−5 and 1e−8 against a Gauss-6 reference at h = 0.005) the fastest
+of gauss4 and gauss6 over a ladder of step sizes against Dopri8 over a ladder of
+tolerances, with each run's largest energy error (Gauss: round-off; Dopri8 drifts).
 Prints ns/step and the ratios measured in this run.
 
 Run: `python benchmarks/implicit_rk.py [--t-final T] [--dt H]`.
@@ -22,6 +25,7 @@ Run: `python benchmarks/implicit_rk.py [--t-final T] [--dt H]`.
 
 import argparse
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -166,5 +170,66 @@ def main(argv=None):
                 print(f"diffrax {type(solver).__name__}: gauss4's error not reached down to rtol 1e-12")
 
 
+def equal_error(field, energy, x0, t_final, targets=(1e-5, 1e-8)):
+    """At each target final error over [0, t_final]: the fastest Gauss order (4, 6) over a
+    ladder of step sizes that reaches it, against diffrax Dopri8 over a ladder of
+    tolerances; both runs' largest energy error is printed (Gauss bounded, Dopri8 drifts)."""
+    import diffrax
+
+    ref_h = 0.005
+    ref, _ = geomjax.diagnostics.final_state(geomjax.implicit_rk(field, geomjax.GAUSS6), x0, ref_h, int(round(t_final / ref_h)))
+    e0 = energy(x0)
+    saves = 100
+
+    def gauss(tableau, h):
+        steps = int(round(t_final / h))
+        steps -= steps % saves
+        step = geomjax.implicit_rk(field, tableau)
+        run = jax.jit(lambda x: geomjax.integrate(step, x, dt=t_final / steps, steps=steps, save_every=steps // saves, throw=False).xs)
+        return run
+
+    def dopri(tol):
+        term = diffrax.ODETerm(lambda t, y, _: field(y))
+        ts = jnp.linspace(0.0, t_final, saves + 1)
+
+        def solve(x):
+            sol = diffrax.diffeqsolve(
+                term, diffrax.Dopri8(), 0.0, t_final, 0.01, x, saveat=diffrax.SaveAt(ts=ts),
+                stepsize_controller=diffrax.PIDController(rtol=tol, atol=tol * 1e-2), max_steps=10**7,
+            )
+            return sol.ys
+
+        return jax.jit(solve)
+
+    print(f"equal final error over t in [0, {t_final:g}] (reference: gauss6, h = {ref_h:g}); time of the run, largest |energy error| at {saves} saves")
+    for target in targets:
+        best = {}
+        for name, tableau in (("gauss4", geomjax.GAUSS4), ("gauss6", geomjax.GAUSS6)):
+            for h in (0.2, 0.1, 0.05, 0.025, 0.0125, 0.00625):
+                run = gauss(tableau, h)
+                xs = run(x0)
+                if float(jnp.max(jnp.abs(xs[-1] - ref))) <= target:
+                    best[f"{name} h={h:g}"] = (timeit(run, x0, repeat=3), float(jnp.max(jnp.abs(jax.vmap(energy)(xs) - e0))))
+                    break
+        for tol in (1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12, 1e-13):
+            run = dopri(tol)
+            ys = run(x0)
+            if float(jnp.max(jnp.abs(ys[-1] - ref))) <= target:
+                dop = (f"Dopri8 rtol={tol:g}", timeit(run, x0, repeat=3), float(jnp.max(jnp.abs(jax.vmap(energy)(ys) - e0))))
+                break
+        else:
+            dop = None
+        line = f"  error <= {target:g}: " + ", ".join(f"{k}: {t * 1e3:.2f} ms, |dE| {de:.1e}" for k, (t, de) in best.items())
+        if dop is not None:
+            line += f"; {dop[0]}: {dop[1] * 1e3:.2f} ms, |dE| {dop[2]:.1e}"
+            if best:
+                label, (t, _) = min(best.items(), key=lambda kv: kv[1][0])
+                line += f"; best Gauss ({label}) / Dopri8 = {t / dop[1]:.2f}"
+        print(line, flush=True)
+
+
 if __name__ == "__main__":
     main()
+    model = geomjax.models.spherical_pendulum()
+    if "--no-diffrax" not in sys.argv:
+        equal_error(geomjax.dirac_field(model.system), model.system.hamiltonian, model.x0, 100.0)
