@@ -205,7 +205,7 @@ def equal_error(field, energy, x0, t_final, targets=(1e-5, 1e-8)):
     for target in targets:
         best = {}
         for name, tableau in (("gauss4", geomjax.GAUSS4), ("gauss6", geomjax.GAUSS6)):
-            for h in (0.2, 0.1, 0.05, 0.025, 0.0125, 0.00625):
+            for h in (0.25, 0.2, 0.15, 0.1, 0.075, 0.05, 0.035, 0.025, 0.0175, 0.0125, 0.00875, 0.00625):
                 run = gauss(tableau, h)
                 xs = run(x0)
                 if float(jnp.max(jnp.abs(xs[-1] - ref))) <= target:
