@@ -129,16 +129,17 @@ def test_auto_picks_per_step_what_was_measured_fastest_on_the_gpu():
     assert profile["transcendental"] == 2  # one sin and one cos of the angle, shared by the graph
 
 
-def test_rows_round_trip_and_the_module_examples():
-    pieces = (jnp.arange(12.0).reshape(3, 4), jnp.zeros((0, 4)), jnp.ones((2, 2, 4), jnp.int32))
-    rows = Rows.from_pieces(pieces)
-    assert len(rows.rows) == 3 + 4 and all(r.shape == (4,) for r in rows.rows)
-    back = rows.to_pieces()
-    for a, b in zip(back, pieces):
-        assert a.shape == b.shape and a.dtype == b.dtype
+def test_rows_restack_to_the_pieces_layout_and_the_module_examples():
+    """A component-major state split into rows and restacked equals the pieces layout's."""
+    members = {"gain": jnp.linspace(1.0, 5.0, 4)}
+    make = lambda m: feedback_member(m["gain"])
+    rows_step, x0 = batched.batch_members(make, members, -1, 4, rows=True)
+    pieces_step, _ = batched.batch_members(make, members, -1, 4, rows=False)
+    rows = rows_step.split(x0)
+    assert isinstance(rows, Rows) and len(rows.rows) == 6 and all(r.shape == (4,) for r in rows.rows)
+    for a, b in zip(rows.to_pieces(), pieces_step.split(x0)):
         np.testing.assert_array_equal(a, b)
-    batch_major = Rows.from_pieces(jnp.arange(12.0).reshape(4, 3), axis=0)
-    np.testing.assert_array_equal(batch_major.rows[1], jnp.arange(12.0).reshape(4, 3)[:, 1])
+    np.testing.assert_array_equal(rows_step.merge(rows), x0)
     for module in (batched, loop_choice):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -29,7 +29,6 @@ Whether an array depends on the member is read off the jaxpr of the function tha
 feedback target, a swept gain) keep their (k, B) layout: they do not change in the loop.
 """
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -104,27 +103,16 @@ class Rows(eqx.Module):
 
     ```python
     >>> import jax.numpy as jnp
-    >>> z = Rows.from_pieces((jnp.ones((3, 5)), jnp.zeros((2, 5))))
-    >>> len(z.rows), z.rows[0].shape, [p.shape for p in z.to_pieces()]
-    (5, (5,), [(3, 5), (2, 5)])
+    >>> _, spec = _scalars((jnp.zeros(3), jnp.zeros(2)))  # one member's pieces: 5 scalars
+    >>> z = Rows(tuple(jnp.full(4, float(j)) for j in range(5)), spec)  # 4 members
+    >>> [p.shape for p in z.to_pieces()], z.to_pieces()[1][:, 0].tolist()
+    ([(3, 4), (2, 4)], [3.0, 4.0])
 
     ```
     """
 
     rows: tuple
     spec: tuple = eqx.field(static=True)
-
-    @classmethod
-    def from_pieces(cls, pieces, axis: int = -1):
-        """The rows of `pieces` whose leaves hold the members along `axis`."""
-        leaves, treedef = jax.tree_util.tree_flatten(pieces)
-        rows, shapes = [], []
-        for leaf in leaves:
-            moved = jnp.moveaxis(leaf, axis, -1)
-            flat = moved.reshape(-1, moved.shape[-1])
-            rows.extend(flat[j] for j in range(flat.shape[0]))
-            shapes.append(moved.shape[:-1])
-        return cls(tuple(rows), (treedef, tuple(shapes), tuple(jnp.dtype(leaf.dtype) for leaf in leaves)))
 
     def to_pieces(self):
         """The pieces with the members along the last axis of each leaf."""

@@ -218,6 +218,19 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
     return run
 
 
+def _dynamic_leaves(tree):
+    """`(dyn, rebuild)`: the array leaves of `tree`, and `rebuild(dyn)` ↦ `tree` with
+    those leaves replaced (the inputs of a custom derivative, everything else kept)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    is_dyn = [eqx.is_array(leaf) for leaf in leaves]
+
+    def rebuild(dyn):
+        it = iter(dyn)
+        return jax.tree_util.tree_unflatten(treedef, [next(it) if d else leaf for leaf, d in zip(leaves, is_dyn)])
+
+    return [leaf for leaf, d in zip(leaves, is_dyn) if d], rebuild
+
+
 def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, unroll: int = 1):
     """`(z, record) ↦ (z, record)` over one save block: the fast loop for the values, the
     exact per-step loop for derivatives (a `custom_jvp`: reverse mode transposes the
@@ -228,13 +241,7 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
     """
     if block <= 2:
         return _exact_steps(step, dt, t0, args, block, checkpoint)
-    leaves, treedef = jax.tree_util.tree_flatten((step, dt, t0, args))
-    is_dyn = [eqx.is_array(leaf) for leaf in leaves]
-    dyn = [leaf for leaf, d in zip(leaves, is_dyn) if d]
-
-    def rebuild(dyn):
-        it = iter(dyn)
-        return jax.tree_util.tree_unflatten(treedef, [next(it) if d else leaf for leaf, d in zip(leaves, is_dyn)])
+    dyn, rebuild = _dynamic_leaves((step, dt, t0, args))
 
     def exact_of(dyn):
         # Derivatives run with each state entry a piece of its own (`per_entry`): the
@@ -279,13 +286,7 @@ def _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block,
     some member failed) again with `step` from the start, its results taken for the runs
     that failed. Values are `step`'s wherever they differ, and derivatives are those of
     the run with `step` (`custom_jvp_by_reference`)."""
-    leaves, treedef = jax.tree_util.tree_flatten((step, dt, t0, args, monitor))
-    is_dyn = [eqx.is_array(leaf) for leaf in leaves]
-    dyn = [leaf for leaf, d in zip(leaves, is_dyn) if d]
-
-    def rebuild(dyn):
-        it = iter(dyn)
-        return jax.tree_util.tree_unflatten(treedef, [next(it) if d else leaf for leaf, d in zip(leaves, is_dyn)])
+    dyn, rebuild = _dynamic_leaves((step, dt, t0, args, monitor))
 
     def reference(dyn, carry):
         s, h, t, a, m = rebuild(dyn)

@@ -20,11 +20,10 @@ from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
 from .._validate import as_state, check_call_args, check_positive_step, check_run_options, is_concrete
 from .batched import batch_members, holds_member_values, reachable_tracers
-from .common import compiled_call, nan_max
+from .common import begin, compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, runs_whole
 from .loop_choice import auto_loop, step_profile
-from .common import begin
 from .sweep_result import SweepResult
 
 #: Members per compiled chunk when `chunk_size` is not given.

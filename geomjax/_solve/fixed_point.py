@@ -15,13 +15,11 @@ whichever iteration found it.
 from collections.abc import Callable
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .linalg import small_solve
-from .newton import NewtonResult
+from .newton import NewtonResult, tangent_solve
 
 #: Stage solvers of implicit steps.
 SOLVERS = ("auto", "fixed_point", "newton")
@@ -108,9 +106,6 @@ class FixedPoint(eqx.Module):
                 init = (y, ok, jnp.asarray(False), y0, tuple(carried))
                 y, ok, *_ = lax.while_loop(lambda c: ~c[1] & ~c[2], again, init)
             return y, jnp.stack([ok, k]).astype(y.dtype)
-
-        def tangent_solve(g, b):
-            return small_solve(jax.jacfwd(g)(jnp.zeros_like(b)), b)
 
         y, aux = lax.custom_root(flat_residual, flat_guess, iterate, tangent_solve, has_aux=True)
         aux = lax.stop_gradient(aux)

@@ -221,13 +221,15 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)
 
-    def tangent_solve(g, b):
-        jac = jax.jacfwd(g)(jnp.zeros_like(b))
-        return small_solve(jac, b)
-
     y, aux = lax.custom_root(residual, flat_guess, solve, tangent_solve, has_aux=True)
     aux = lax.stop_gradient(aux)
     return NewtonResult(unravel(y), aux[0] > 0.5, aux[1].astype(jnp.int32))
+
+
+def tangent_solve(g, b):
+    """`lax.custom_root`'s tangent solve: J⁻¹b with J the exact Jacobian of the linear map
+    `g` (derivatives by the implicit function theorem, whatever iteration found the root)."""
+    return small_solve(jax.jacfwd(g)(jnp.zeros_like(b)), b)
 
 
 def _optimistix_solve(settings: Newton, fn, guess):
