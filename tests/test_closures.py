@@ -226,6 +226,24 @@ def sweep(wrap, p, dt=DT):
     return jnp.sum(result.xs[..., -1, :] @ jnp.array([0.3, 1.0, 1.7, -0.4, 0.8, 1.1]))
 
 
+def sweep_rows(wrap, p, dt=DT):
+    """The sweep in the component layout: the loop carries one (B,) row per scalar."""
+
+    def member(gain):
+        field = geomjax.feedback_field(_holonomic_system(wrap, p), SPHERE_X0, gains=gain)
+        return field, SPHERE_X0
+
+    result = geomjax.sweep(member, geomjax.product(gain=[2.0, 5.0]), layout="component", **run(dt))
+    return jnp.sum(result.xs[..., -1, :] @ jnp.array([0.3, 1.0, 1.7, -0.4, 0.8, 1.1]))
+
+
+def dirac_midpoint_every_step(wrap, p, dt=DT):
+    """Saved every step: the run goes with the stages' fixed-point iteration and is redone
+    with its Newton fallback where it failed (the driver's `_fast_variant_then_step`)."""
+    sol = geomjax.integrate(_dirac(wrap, p), SPHERE_X0, method="implicit_midpoint", dt=dt, steps=6, save_every=1)
+    return _final(sol)
+
+
 def _time_field(k, t, x, args):
     return jnp.concatenate([x[3:], -k * x[:3] * (1.0 + 0.1 * jnp.sin(t))])
 
@@ -246,7 +264,8 @@ def user_step(wrap, p, dt=DT):
 # CI's `extended` job adds the other methods and variants of the same code paths.
 CASES = [
     dirac_euler, dirac_midpoint, feedback_everything, nonholonomic_euler, rattle, dla, strang,
-    herglotz, forced_dla, contact_splitting, dirac1, dirac_rk, sweep, time_field, user_step,
+    herglotz, forced_dla, contact_splitting, dirac1, dirac_rk, sweep, sweep_rows, dirac_midpoint_every_step, time_field,
+    user_step,
 ]
 EXTENDED = [dirac_gauss4, feedback_rk4, feedback_gauss2, nonholonomic_gauss2, nonholonomic_feedback, shake, dirac2]
 P = 1.3

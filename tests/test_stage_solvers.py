@@ -72,6 +72,9 @@ def test_a_stiff_step_falls_back_to_newton_and_both_failing_is_reported():
     np.testing.assert_array_equal(runs["auto"].xs[2], runs["fixed_point"].xs[2])  # the fixed point's
 
 
+# (jax.jit(jax.grad) through "auto" at save_every 1 and 3 against central differences, with
+# the parameter closed over: tests/test_closures.py, dirac_midpoint and dirac_midpoint_every_step)
+@pytest.mark.extended
 def test_gradients_are_the_implicit_function_theorems_whatever_the_solver():
     @jax.jit
     def grads(scale):
