@@ -29,6 +29,8 @@ Whether an array depends on the member is read off the jaxpr of the function tha
 feedback target, a swept gain) keep their (k, B) layout: they do not change in the loop.
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,7 @@ from jax.extend.core import Literal
 from .._step.base import AbstractStep, written_out_sum
 from .._status import RESULTS, from_code
 from .._validate import is_concrete
+from ..internal.simplify import scalar_graph
 
 
 def member_dependent(fn, leaves, varying) -> list:
@@ -198,6 +201,14 @@ class BatchedStep(AbstractStep):
             return tuple(converted)
 
         vmap_axes = tuple(0 if ax == ROWS else ax for ax in out_axes)
+        if ROWS in out_axes:
+            # Scalars in, scalars out: through the simplified scalar graph, a member's
+            # function keeps no stacked pieces, so under `vmap` every operation acts on
+            # (B,) rows. Stacked, the rows were computed as slices of (n, B) arrays, which
+            # XLA cannot write in place into the loop's rows: on a GPU every step then
+            # copied each row once more and split into several kernels (measured on an
+            # H100: 8.5e9 against 1.1e11 trajectory-steps/s for pendulum Euler).
+            member_fn = functools.partial(scalar_graph, member_fn, warn=False)
         out = jax.vmap(member_fn, in_axes=in_axes, out_axes=vmap_axes, axis_size=self.size)(
             leaves, *[l for l, _ in arg_leaves]
         )

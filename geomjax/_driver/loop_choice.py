@@ -1,29 +1,28 @@
 """What `geomjax.sweep(layout="auto", unroll="auto")` picks, per platform and per step.
 
 The choice follows what `benchmarks/sweep_throughput.py` measured (README, "Sweeps on a
-GPU"; H100, JAX 0.11.2, float64, B = 2²⁰, the driver's per-step finite mark included):
+GPU"; H100, JAX 0.11.2, float64, B = 10⁶, the driver's per-step finite mark included;
+`benchmarks/sweep_throughput_gpu_results.txt`):
 
 - **CPU**: batch-major, one step per loop iteration, for every step: the fastest layout
   there, and the one `jax.vmap` of `geomjax.integrate` uses.
-- **GPU**: what the loop carries decides the speed. One (B,) array per scalar of the
-  state (the component layout, `Rows`) ran the spherical-pendulum feedback Euler at
-  1.05e11 trajectory-steps/s with 8 steps per iteration, 4× its speed with 1 and 11× that
-  of (3, B) pieces. How many steps per iteration pay depends on the step's cost:
+- **GPU**: the component layout (`Rows`: one (B,) array per scalar of the state, each
+  member's step one scalar graph under `vmap`) for every step. It ran the
+  spherical-pendulum feedback Euler at 5.9e10 trajectory-steps/s with 8 steps per loop
+  iteration (1.7e10 with 1), 8× the (3, B) pieces layout and 10× `vmap` of
+  `geomjax.integrate`. How many steps per iteration pay depends on the step's cost:
 
-  - a cheap step (one evaluation of a small field, `_CHEAP` operations or fewer, such as
-    Euler on the pendulum's 102): 8 steps per iteration;
-  - a step of a few evaluations (up to `_MEDIUM` operations, such as Heun): 4;
-  - a costlier step (RK4: 2.4e10 with 1 and with 4 steps per iteration, two thirds of
-    that with 8), and every step with a solve (RATTLE, implicit Runge–Kutta, Dirac
-    steps: their Newton loop is not unrolled): 1;
-  - a step with float64 transcendental functions (`sin`, `cos`, `exp`, ...) is bound
-    by their cost, not by memory: the knife edge's feedback Euler (73 operations with a
-    `sin` and a `cos`) ran at 8.4e9 on rows with 1 step per iteration and slower with
-    more (3.2e9 with 8), and fastest carried as (3, B) pieces with 8 (1.1e10): that is
-    what it gets (`"component-pieces"`).
+  - a cheap step (one evaluation of a small field, `_CHEAP` operations or fewer: Euler
+    on the pendulum's feedback field, 108; on the knife edge's, 81 with a `sin` and a
+    `cos`, 2.3e10 with 8 against 1.6e10 with 1): 8 steps per iteration;
+  - a step of a few evaluations (up to `_MEDIUM` operations, such as Heun, 221): 4;
+  - a costlier step (RK4, 447: 1.4e10 with 1, half that with 8), and every step with a
+    solve (RATTLE: 5.0e9 with 1, 4.8e9 with 8; implicit Runge–Kutta, Dirac steps: their
+    Newton loop is not unrolled): 1.
 
 The step's cost is read off the jaxpr of one member's step (`step_profile`): the number
-of operations, nested calls included, and whether any is transcendental.
+of operations (a custom derivative's primal body only, loop and branch bodies once),
+and how many are transcendental.
 """
 
 from collections.abc import Iterable
@@ -46,6 +45,8 @@ _FREE = frozenset({"convert_element_type", "reshape", "squeeze", "broadcast_in_d
 
 
 def _sub_jaxprs(params) -> Iterable[Jaxpr]:
+    if "call_jaxpr" in params:  # a custom derivative (or a call): what runs is its body
+        params = {"call_jaxpr": params["call_jaxpr"]}
     for value in params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
             if isinstance(item, ClosedJaxpr):
@@ -98,10 +99,10 @@ def auto_loop(platform: str, constant_status: bool, profile: dict | None, layout
     ```python
     >>> auto_loop("gpu", True, {"operations": 102, "transcendental": 0, "loops": 0})
     ('component', 8)
-    >>> auto_loop("gpu", True, {"operations": 73, "transcendental": 2, "loops": 0})
-    ('component-pieces', 8)
-    >>> auto_loop("gpu", True, {"operations": 73, "transcendental": 2, "loops": 0}, "component")
+    >>> auto_loop("gpu", True, {"operations": 447, "transcendental": 0, "loops": 0})
     ('component', 1)
+    >>> auto_loop("gpu", False, {"operations": 90, "transcendental": 0, "loops": 1}, "component-pieces")
+    ('component-pieces', 1)
     >>> auto_loop("cpu", True, {"operations": 102, "transcendental": 0, "loops": 0})
     ('batch', 1)
 
@@ -111,12 +112,8 @@ def auto_loop(platform: str, constant_status: bool, profile: dict | None, layout
         return ("batch" if layout == "auto" else layout), 1
     solves = not constant_status or profile["loops"] > 0
     if layout == "auto":
-        layout = "component-pieces" if profile["transcendental"] and not solves else "component"
+        layout = "component"
     if layout == "batch" or solves:
-        return layout, 1
-    if layout == "component-pieces":
-        return layout, 8
-    if profile["transcendental"]:
         return layout, 1
     if profile["operations"] <= _CHEAP:
         return layout, 8

@@ -1061,7 +1061,9 @@ def _emit(plan: _Plan, flat_args, consts, out_avals, linear=None, allowed=None):
             and jnp.issubdtype(aval.dtype, jnp.inexact)
             and any(int(i) not in plan.unguarded for i in ids.reshape(-1))
         )
-        out = jnp.stack([jnp.asarray(value(int(i)), dtype=aval.dtype) for i in ids.reshape(-1)])
+        entries = [jnp.asarray(value(int(i)), dtype=aval.dtype) for i in ids.reshape(-1)]
+        # a scalar output is its one entry (no stacking: under `vmap` it stays one row)
+        out = entries[0] if ids.ndim == 0 else jnp.stack(entries)
         # One add per output array, not one per entry: under `vmap` XLA copies the check
         # into every consumer, and per entry that made the vmapped spherical-pendulum
         # feedback field slower against the hand-written one (benchmarks/derived_vs_hand.py).
