@@ -17,6 +17,7 @@ Two back ends:
 """
 
 from collections.abc import Callable
+from functools import partial
 
 import equinox as eqx
 import jax
@@ -119,7 +120,7 @@ class Newton(eqx.Module):
         """The update test |dx|_∞ ≤ atol + rtol·|x|_∞ on flat arrays."""
         return jnp.max(jnp.abs(dx)) <= self.atol + self.rtol * jnp.max(jnp.abs(x))
 
-    def solve(self, fn: Callable, guess, *, jacobian=None, inverse=None) -> NewtonResult:
+    def solve(self, fn: Callable, guess, *, jacobian=None, inverse=None, structure=None) -> NewtonResult:
         """Solve `fn(x) = 0` from `guess` (a pytree of arrays; `fn(x)` has the same total size).
 
         `jacobian`, if given, is a fixed matrix (flat size × flat size, in the order of
@@ -133,19 +134,26 @@ class Newton(eqx.Module):
         with no linear solve inside the loop; for callers that invert the matrix once,
         e.g. by blocks).
 
+        `structure`, instead: a trace-time plan of the exact Jacobian's sparsity (e.g. a
+        `geomjax._solve.banded.TridiagonalJacobian` for the flat unknowns), with
+        `structure.jacobian(f, y)` evaluating ∂f/∂y in its compressed form and
+        `structure.solve(jac, b)` solving with it; used in every iteration and in the
+        implicit-function tangent solve, so the derivatives see the same matrix. Ignored by
+        `backend="optimistix"` (dense LU there).
+
         Returns a `NewtonResult`; `converged` is False when the test failed or a value is
         not finite.
         """
-        if jacobian is not None and inverse is not None:
-            raise ValueError("give a fixed jacobian or its inverse, not both")
+        if sum(a is not None for a in (jacobian, inverse, structure)) > 1:
+            raise ValueError("give one of a fixed jacobian, its inverse or a structure")
         if self.backend == "optimistix":
             if jacobian is not None or inverse is not None:
                 raise ValueError("a fixed jacobian is only for backend='unrolled'")
             return _optimistix_solve(self, fn, guess)
-        return _unrolled_solve(self, fn, guess, jacobian, inverse)
+        return _unrolled_solve(self, fn, guess, jacobian, inverse, structure)
 
 
-def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=None):
+def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=None, structure=None):
     flat_guess, unravel = ravel_pytree(guess)
 
     def residual(y):
@@ -155,6 +163,9 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
         if fixed_inverse is not None:
             jac_of = lambda _: fixed_inverse  # noqa: E731
             linear_solve = lambda inv, b: inv @ b  # noqa: E731
+        elif structure is not None:
+            jac_of = lambda y: structure.jacobian(g, y)  # noqa: E731
+            linear_solve = structure.solve
         elif fixed_jacobian is None:
             jac_of = jax.jacfwd(g)
             linear_solve = small_solve
@@ -221,7 +232,8 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)
 
-    y, aux = lax.custom_root(residual, flat_guess, solve, tangent_solve, has_aux=True)
+    tangent = tangent_solve if structure is None else partial(structured_tangent_solve, structure)
+    y, aux = lax.custom_root(residual, flat_guess, solve, tangent, has_aux=True)
     aux = lax.stop_gradient(aux)
     return NewtonResult(unravel(y), aux[0] > 0.5, aux[1].astype(jnp.int32))
 
@@ -230,6 +242,12 @@ def tangent_solve(g, b):
     """`lax.custom_root`'s tangent solve: J⁻¹b with J the exact Jacobian of the linear map
     `g` (derivatives by the implicit function theorem, whatever iteration found the root)."""
     return small_solve(jax.jacfwd(g)(jnp.zeros_like(b)), b)
+
+
+def structured_tangent_solve(structure, g, b):
+    """`tangent_solve` with the Jacobian of the linear map `g` evaluated and solved through
+    `structure` (the plan that drove the iterations)."""
+    return structure.solve(structure.jacobian(g, jnp.zeros_like(b)), b)
 
 
 def _optimistix_solve(settings: Newton, fn, guess):
