@@ -267,3 +267,22 @@ def test_chain_of_16_takes_the_tridiagonal_path():
             assert not square, square
         else:
             assert square
+
+
+def test_tridiagonal_plan_only_for_tridiagonal_patterns_and_its_example():
+    import doctest
+
+    from geomjax._solve import banded
+
+    assert banded.TridiagonalJacobian.of(lambda x: x * jnp.sum(x), 6) is None  # dense
+    assert banded.TridiagonalJacobian.of(lambda x: x - jnp.roll(x, 2), 6) is None  # bandwidth 2
+    assert banded.TridiagonalJacobian.of(lambda x: x * x[::-1], 2) is None  # no fewer products than k
+    zero = jnp.zeros(1)
+    plan = banded.TridiagonalJacobian.of(lambda x: x**2 - jnp.concatenate([zero, x[:-1]]) * jnp.sin(x), 6)
+    assert plan is not None and plan.seeds.shape == (2, 6)  # bidiagonal: two colours
+    plan = banded.TridiagonalJacobian.of(
+        lambda x: x**3 + jnp.concatenate([x[1:], zero]) + jnp.concatenate([zero, x[:-1]]), 6
+    )
+    assert plan is not None and plan.seeds.shape == (3, 6)
+    result = doctest.testmod(banded)
+    assert result.attempted > 0 and result.failed == 0

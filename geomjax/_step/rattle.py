@@ -9,6 +9,12 @@ and the phase space is S = {g(q) = 0, G(q)∂H/∂p = 0} (the position constrain
 hidden velocity constraints). Everything the steps need, ∂H/∂q, ∂H/∂p, g, Gᵀλ and G v,
 comes from autodiff of the user's `hamiltonian` and `holonomic` functions; multipliers
 come from Newton's method (`geomjax.Newton`), so derivatives of a step are exact (implicit function theorem).
+
+Many constraints that each couple a few neighbouring bodies (a chain) make the Newton
+matrix G(q₁)M⁻¹G(q)ᵀ and the projection matrix G M⁻¹Gᵀ tridiagonal. That pattern is read
+off the jaxpr of the residuals at trace time (`geomjax.internal.sparsity`); the matrices
+then come from three Jacobian-vector products with coloured seeds instead of k, and are
+solved in O(k) (`geomjax._solve.banded`). Other patterns keep the dense path.
 """
 
 import equinox as eqx
