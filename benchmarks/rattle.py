@@ -231,6 +231,12 @@ def main(argv=None):
             f"  {name:<10} single (inside jit): {_verdict(times[name] / fixed, TARGET_SINGLE)}; "
             f"vmap {args.batch}: {_verdict(btimes[name] / bfixed, TARGET_VMAP)}"
         )
+    print("the same against hand (Newton in a loop with the same stopping test, the same algorithm):")
+    for name in ["derived", "integrate"]:
+        print(
+            f"  {name:<10} single (inside jit): {_verdict(times[name] / times['hand'], TARGET_SINGLE)}; "
+            f"vmap {args.batch}: {_verdict(btimes[name] / btimes['hand'], TARGET_VMAP)}"
+        )
     print(
         f"derived / hand (Newton loop): {times['derived'] / times['hand']:.2f}x (single), "
         f"{btimes['derived'] / btimes['hand']:.2f}x (vmap {args.batch}); "
