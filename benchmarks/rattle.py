@@ -149,7 +149,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--batch-steps", type=int, default=10_000)
     parser.add_argument("--numpy-steps", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of timings (best kept)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of timings (best kept)")
     args = parser.parse_args(argv)
     model = geomjax.models.spherical_pendulum(holonomic=True)
     x0 = model.x0
