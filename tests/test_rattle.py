@@ -165,3 +165,124 @@ def test_failure_is_per_member_under_vmap():
     (q1, _), status = jax.vmap(lambda h: RATTLE.advance(0.0, RATTLE.split(X0), h, None))(hs)
     assert np.asarray(status._value).tolist() == [0, int(NEWTON_FAILED._value), 0]
     np.testing.assert_allclose(np.sum(np.asarray(q1)[[0, 2]] ** 2, axis=1), 1.0, atol=2e-16)
+
+
+# --------------------------------------------------------------------------------------
+# Chains: the tridiagonal Newton and projection matrices (`structured=True`, the default)
+# against the dense path (`structured=False`).
+
+CHAIN = geomjax.models.planar_chain(5, angular_velocities=jnp.linspace(1.0, 3.0, 5))
+
+
+@pytest.fixture(scope="module")
+def chain_steps():
+    """(structured, dense) batched one-step maps x, h ↦ (x₁, status), for RATTLE and SHAKE."""
+
+    def batched(step):
+        def one(x, h):
+            (q, p), status = step.advance(0.0, step.split(x), h, None)
+            return jnp.concatenate([q, p]), status._value
+
+        return jax.jit(jax.vmap(one))
+
+    return {
+        name: (batched(make(CHAIN.system)), batched(make(CHAIN.system, structured=False)))
+        for name, make in (("rattle", geomjax.rattle), ("shake", geomjax.shake))
+    }
+
+
+@pytest.mark.parametrize("name", ["rattle", "shake"])
+def test_chain_structured_step_matches_dense_on_and_off_the_constraint_set(chain_steps, name):
+    structured, dense = chain_steps[name]
+    off = CHAIN.x0 + 1e-3 * jnp.asarray(np.random.default_rng(3).normal(size=CHAIN.x0.shape))
+    # rows: on S at h = 0.01 and 0.1, off S (g ≠ 0, G M⁻¹p ≠ 0), and h = 0.5, 1, where
+    # g(q₁) = 0 has no solution near the predictor: both paths must report the failure.
+    xs = jnp.stack([CHAIN.x0, CHAIN.x0, off, CHAIN.x0, CHAIN.x0])
+    hs = jnp.array([0.01, 0.1, 0.01, 0.5, 1.0])
+    (x_s, status_s), (x_d, status_d) = structured(xs, hs), dense(xs, hs)
+    failed = int(NEWTON_FAILED._value)
+    assert np.asarray(status_s).tolist() == np.asarray(status_d).tolist() == [0, 0, 0, failed, failed]
+    np.testing.assert_allclose(np.asarray(x_s[:3]), np.asarray(x_d[:3]), rtol=0, atol=1e-13)
+    g = jax.vmap(lambda x: CHAIN.system.constraint_functions(x)[:5])(x_s[:3])
+    assert float(jnp.max(jnp.abs(g))) < 1e-13  # the position constraints hold after the step
+    if name == "rattle":
+        gdot = jax.vmap(lambda x: CHAIN.system.constraint_functions(x)[5:])(x_s[:3])
+        assert float(jnp.max(jnp.abs(gdot))) < 1e-12
+
+
+def test_chain_structured_run_and_gradient_match_dense():
+    """A short run (a scan of steps) and its gradient with respect to the initial state:
+    the implicit-function tangent solve goes through the same tridiagonal matrix."""
+    weights = jnp.asarray(np.random.default_rng(4).normal(size=CHAIN.x0.shape))
+
+    def run(step, x):
+        def body(z, _):
+            return step.advance(0.0, z, 0.02, None)[0], None
+
+        q, p = jax.lax.scan(body, step.split(x), None, length=10)[0]
+        return jnp.concatenate([q, p])
+
+    @jax.jit
+    def both(x):
+        out = []
+        for structured in (True, False):
+            step = geomjax.rattle(CHAIN.system, structured=structured)
+            out.append(jax.value_and_grad(lambda y: run(step, y) @ weights)(x))
+        return out
+
+    (v_s, grad_s), (v_d, grad_d) = both(CHAIN.x0)
+    np.testing.assert_allclose(float(v_s), float(v_d), rtol=1e-13)
+    scale = float(jnp.max(jnp.abs(grad_d)))
+    assert scale > 0.1
+    np.testing.assert_allclose(np.asarray(grad_s), np.asarray(grad_d), rtol=0, atol=1e-10 * scale)
+
+
+def _shapes(jaxpr):
+    """The shapes of every value of a jaxpr and of the jaxprs inside it."""
+    out = []
+    for eqn in jaxpr.eqns:
+        out += [tuple(v.aval.shape) for v in eqn.outvars]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += _shapes(inner)
+    return out
+
+
+def test_chain_of_16_takes_the_tridiagonal_path():
+    """No k × k matrix (k = 16 constraints) is formed in a RATTLE step of the structured path,
+    in the step or in its derivative; the dense path forms them (so the test can fail)."""
+    model = geomjax.models.planar_chain(16)
+    k = 16
+    for structured in (True, False):
+        step = geomjax.rattle(model.system, structured=structured)
+
+        def one(x):
+            return jnp.concatenate(step.advance(0.0, step.split(x), 0.01, None)[0])
+
+        jaxpr = jax.make_jaxpr(jax.grad(lambda x: one(x)[0]))(model.x0)
+        square = [s for s in _shapes(jaxpr.jaxpr) if len(s) >= 2 and s[-2:] == (k, k)]
+        if structured:
+            assert not square, square
+        else:
+            assert square
+
+
+def test_tridiagonal_plan_only_for_tridiagonal_patterns_and_its_example():
+    import doctest
+
+    from geomjax._solve import banded
+
+    assert banded.TridiagonalJacobian.of(lambda x: x * jnp.sum(x), 6) is None  # dense
+    assert banded.TridiagonalJacobian.of(lambda x: x - jnp.roll(x, 2), 6) is None  # bandwidth 2
+    assert banded.TridiagonalJacobian.of(lambda x: x * x[::-1], 2) is None  # no fewer products than k
+    zero = jnp.zeros(1)
+    plan = banded.TridiagonalJacobian.of(lambda x: x**2 - jnp.concatenate([zero, x[:-1]]) * jnp.sin(x), 6)
+    assert plan is not None and plan.seeds.shape == (2, 6)  # bidiagonal: two colours
+    plan = banded.TridiagonalJacobian.of(
+        lambda x: x**3 + jnp.concatenate([x[1:], zero]) + jnp.concatenate([zero, x[:-1]]), 6
+    )
+    assert plan is not None and plan.seeds.shape == (3, 6)
+    result = doctest.testmod(banded)
+    assert result.attempted > 0 and result.failed == 0

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._solve.banded import diagonal_weights, pick_diagonal, shifted
 from .._solve.linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 from .._system.system import System
 from ..internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
@@ -118,16 +119,6 @@ def _flat_size(z):
 _D_BANDWIDTH_MAX = 4
 
 
-def _diagonal_weights(pattern, colors, n_colors, offset):
-    k = pattern.shape[0]
-    w = np.zeros((n_colors, k))
-    for i in range(k):
-        j = i + offset
-        if 0 <= j < k and pattern[i, j]:
-            w[colors[j], i] = 1.0
-    return w
-
-
 def block_tridiagonal_plan(system: System, z, m: int):
     """The `BlockTridiagonalPlan` of `system` at states shaped like `z`, or None when C is
     not of that form (decided from structural patterns only, at trace time)."""
@@ -155,22 +146,12 @@ def block_tridiagonal_plan(system: System, z, m: int):
         return None
     seeds = np.zeros((n_colors, m))
     seeds[colors, k + np.arange(k)] = 1.0
-    a_weights = tuple(_diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
+    a_weights = tuple(diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
     bw = bandwidth(d_pat)
     d_weights = tuple(
-        (o, _diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
+        (o, diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
     )
     return BlockTridiagonalPlan(k, seeds, a_weights, d_weights)
-
-
-def _shifted(x, offset):
-    """y_i = x_{i+offset}, zero outside."""
-    if offset == 0:
-        return x
-    zero = jnp.zeros((abs(offset),), x.dtype)
-    if offset > 0:
-        return jnp.concatenate([x[offset:], zero])
-    return jnp.concatenate([zero, x[:offset]])
 
 
 def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
@@ -185,13 +166,12 @@ def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagon
     k = plan.k
     compressed = jax.vmap(column)(plan.seeds.astype(values.dtype))  # (colours, m)
     top, bottom = compressed[:, :k], compressed[:, k:]
-    pick = lambda rows, w: jnp.sum(rows * w.astype(values.dtype), axis=0)
-    dl, d, du = (pick(top, w) for w in plan.a_weights)
+    dl, d, du = (pick_diagonal(top, w) for w in plan.a_weights)
     # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ − D c₂ = h₂.
     c2 = -tridiagonal_solve(dl, d, du, h[:k])
-    d_c2 = sum((pick(bottom, w) * _shifted(c2, o) for o, w in plan.d_weights), jnp.zeros_like(c2))
+    d_c2 = sum((pick_diagonal(bottom, w) * shifted(c2, o) for o, w in plan.d_weights), jnp.zeros_like(c2))
     # Aᵀ has sub-diagonal A[i−1, i] and super-diagonal A[i+1, i]
-    c1 = tridiagonal_solve(_shifted(du, -1), d, _shifted(dl, 1), h[k:] + d_c2)
+    c1 = tridiagonal_solve(shifted(du, -1), d, shifted(dl, 1), h[k:] + d_c2)
     return SparseConstraintData(
         grad_h, x_h, values, LinearStack(pullback), LinearStack(hamiltonian_fields), jnp.concatenate([c1, c2]), column
     )

@@ -9,6 +9,12 @@ and the phase space is S = {g(q) = 0, G(q)∂H/∂p = 0} (the position constrain
 hidden velocity constraints). Everything the steps need, ∂H/∂q, ∂H/∂p, g, Gᵀλ and G v,
 comes from autodiff of the user's `hamiltonian` and `holonomic` functions; multipliers
 come from Newton's method (`geomjax.Newton`), so derivatives of a step are exact (implicit function theorem).
+
+Many constraints that each couple a few neighbouring bodies (a chain) make the Newton
+matrix G(q₁)M⁻¹G(q)ᵀ and the projection matrix G M⁻¹Gᵀ tridiagonal. That pattern is read
+off the jaxpr of the residuals at trace time (`geomjax.internal.sparsity`); the matrices
+then come from three Jacobian-vector products with coloured seeds instead of k, and are
+solved in O(k) (`geomjax._solve.banded`). Other patterns keep the dense path.
 """
 
 import equinox as eqx
@@ -16,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._solve.banded import TridiagonalJacobian
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from ..internal.simplify import scalar_graph
@@ -52,12 +59,14 @@ class _Mechanics(eqx.Module):
         return jax.jvp(self.g, (q,), (v,))[1]
 
 
-def _momentum_projection(mech: _Mechanics, q1, p_free, h):
+def _momentum_projection(mech: _Mechanics, q1, p_free, h, structured: bool = False):
     """The RATTLE velocity stage: μ such that p₁ = p_free − (h/2)G(q₁)ᵀμ satisfies the hidden
     constraint G(q₁)∂H/∂p(q₁, p₁) = 0.
 
     For a kinetic energy quadratic in p the residual is affine in μ, so one linear solve
-    (A μ = −r(0) with A = ∂r/∂μ by forward mode) is exact; no iteration is needed.
+    (A μ = −r(0) with A = ∂r/∂μ = −(h/2)G M⁻¹Gᵀ by forward mode) is exact; no iteration is
+    needed. With `structured`, when A is structurally tridiagonal (`_structure`), A comes
+    from three forward products with coloured seeds and a tridiagonal solve.
     """
     _, transpose = mech.g_and_transpose(q1)
 
@@ -69,10 +78,24 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h):
 
     k = mech.g(q1).shape[0]
     zero = jnp.zeros((k,), p_free.dtype)
+    plan = _structure(residual, zero) if structured else None
+    if plan is not None:
+        r0, linear = jax.linearize(residual, zero)
+        return momentum(-plan.solve(plan.of_linear(linear, zero.dtype), r0))
     r0 = residual(zero)
     a = jax.jacfwd(residual)(zero)
     mu = -small_solve(a, r0)
     return momentum(mu)
+
+
+def _structure(residual, zero):
+    """A `TridiagonalJacobian` for the k × k Jacobian of `residual` (flat, k = zero.size)
+    when its structural pattern, read off the jaxpr at trace time, is tridiagonal and k
+    exceeds the sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`); else None."""
+    k = zero.shape[0]
+    if k <= _SIMPLIFIED_CONSTRAINTS:
+        return None
+    return TridiagonalJacobian.of(residual, k, zero.dtype)
 
 
 class Rattle(SystemStep):
@@ -85,6 +108,7 @@ class Rattle(SystemStep):
     separable: bool = eqx.field(static=True)
     velocity_projection: bool = eqx.field(static=True)
     newton: Newton
+    structured: bool = eqx.field(static=True, default=True)
 
     @property
     def _mech(self):
@@ -95,6 +119,11 @@ class Rattle(SystemStep):
 
     def _solve(self, fn, guess):
         return self.newton.solve(fn, guess)
+
+    def _structure(self, residual, zero):
+        if not self.structured or self.newton.backend != "unrolled":
+            return None
+        return _structure(residual, zero)
 
     # The unknown multiplier is scaled as ν = (h²/2)λ, a displacement: ∂q₁/∂ν = −M⁻¹Gᵀ is
     # O(1), so Newton's update test |Δν| ≤ atol + rtol|ν| is meaningful at any h (in λ
@@ -110,9 +139,19 @@ class Rattle(SystemStep):
             p_half = kick - transpose(nu) / h
             return q + h * mech.dh_dp(q, p_half), p_half
 
-        # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine: D is computed
-        # once (k forward passes) and each Newton iteration only evaluates g and its jvp.
+        # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine.
         zero = jnp.zeros_like(g0)
+        plan = self._structure(lambda nu: mech.g(advance(nu)[0]), zero)
+        if plan is not None:
+            # The Newton matrix G(q₁)D = −G(q₁)M⁻¹G(q)ᵀ is tridiagonal (a chain): D stays a
+            # linear map, and each iteration takes three jvps of g (coloured seeds) and a
+            # tridiagonal solve, in the iterations and in the implicit-function tangent solve.
+            q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
+            res = self.newton.solve(lambda nu: mech.g(q_free + shift(nu)), zero, structure=plan)
+            q1, p_half = advance(res.value)
+            return q1, p_half, res
+        # Dense: D is computed once (k forward passes) and each Newton iteration only
+        # evaluates g and its jvp.
         q_free = advance(zero)[0]
         cols = jax.vmap(lambda e: jax.jvp(lambda nu: advance(nu)[0], (zero,), (e,))[1])(jnp.eye(zero.shape[0], dtype=zero.dtype))
         res = self._solve(lambda nu: mech.g(q_free + nu @ cols), zero)
@@ -157,7 +196,7 @@ class Rattle(SystemStep):
             q1, p_half, res = self._position_stage_general(q, p, h)
         p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
         if self.velocity_projection:
-            p1 = _momentum_projection(mech, q1, p_free, h)
+            p1 = _momentum_projection(mech, q1, p_free, h, self.structured)
         else:
             # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
             nu = res.value if self.separable else res.value[2]
@@ -267,6 +306,7 @@ def rattle(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int | None = None,
+    structured: bool = True,
 ) -> Rattle:
     """The RATTLE method (Andersen 1983) for holonomic constraints, derived by autodiff.
 
@@ -306,6 +346,13 @@ def rattle(
     - `rtol`, `atol`, `max_iter`: the earlier keywords, still accepted: they set those
       fields of the default (`max_iter` asks for the loop with that many iterations at
       most). Not together with `newton`.
+    - `structured`: `True` (default) to use the constraints' structure where it is found:
+      the sparsity of the Newton matrix G(q₁)M⁻¹G(q)ᵀ and of the projection matrix
+      G M⁻¹Gᵀ is read off the jaxpr of g and H at trace time, and when it is tridiagonal
+      (a chain: each constraint couples neighbouring bodies) and k > 2 these matrices come
+      from three Jacobian-vector products with coloured seeds and are solved in O(k)
+      (`geomjax._solve.banded`). `False` keeps the dense path (k forward products and a
+      dense solve), e.g. for comparisons. Same iterations, tests and statuses either way.
 
     **Returns:**
 
@@ -321,7 +368,8 @@ def rattle(
     ```
     """
     _require_holonomic(system, "rattle")
-    return Rattle(system, bool(separable), True, _rattle_newton(newton, rtol, atol, max_iter, separable))
+    newton = _rattle_newton(newton, rtol, atol, max_iter, separable)
+    return Rattle(system, bool(separable), True, newton, bool(structured))
 
 
 def shake(
@@ -331,6 +379,7 @@ def shake(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int | None = None,
+    structured: bool = True,
 ) -> Rattle:
     """The SHAKE method (Ryckaert, Ciccotti & Berendsen 1977) as a one-step map on (q, p).
 
@@ -350,6 +399,8 @@ def shake(
 
     - `system`: a `geomjax.System` with `holonomic=g` and a constant mass matrix.
     - `newton`, `rtol`, `atol`, `max_iter`: Newton settings for λ, as for `geomjax.rattle`.
+    - `structured`: use a tridiagonal Newton matrix where the constraints' structure gives
+      one, as for `geomjax.rattle`.
 
     **Returns:**
 
@@ -363,4 +414,4 @@ def shake(
     ```
     """
     _require_holonomic(system, "shake")
-    return Rattle(system, True, False, _rattle_newton(newton, rtol, atol, max_iter))
+    return Rattle(system, True, False, _rattle_newton(newton, rtol, atol, max_iter), bool(structured))
