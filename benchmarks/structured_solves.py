@@ -8,7 +8,7 @@ Tridiagonal T (k × k, SPD, diagonally dominant), versions:
 
 - lapack:    `jax.lax.linalg.tridiagonal_solve` (gtsv custom call on the CPU);
 - thomas:    `geomjax._solve.linalg.tridiagonal_solve` (Thomas elimination, unrolled for
-             k ≤ 8, two `fori_loop`s above; a row with too much growth gives a NaN pivot);
+             k ≤ 4, two `fori_loop`s above; a row with too much growth gives a NaN pivot);
 - unchecked: the same elimination without the growth check (what the check costs);
 - cond-fallback: the library's solve redone by LAPACK under `lax.cond` when non-finite
              (the alternative to reporting a failed solve as a non-finite state);

@@ -1,7 +1,7 @@
 """Plain-JAX structured solves (`geomjax._solve.linalg.tridiagonal_solve`, Thomas
 elimination) against dense `jnp.linalg.solve`: values, flagged pivots, derivatives, vmap.
 
-k ∈ {1, 2, 3, 8} take the unrolled path, k ∈ {9, 33} the `lax.scan` path.
+k ∈ {1, 2, 3, 4} take the unrolled path, k ∈ {8, 9, 33} the looped one.
 """
 
 import doctest
@@ -14,7 +14,7 @@ import pytest
 from geomjax._solve import linalg
 from geomjax._solve.linalg import tridiagonal_solve
 
-SIZES = [1, 2, 3, 8, 9, 33]
+SIZES = [1, 2, 3, 4, 8, 9, 33]
 
 
 def _dense(dl, d, du):

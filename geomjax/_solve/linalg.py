@@ -83,8 +83,11 @@ def unrolled_solve(a, b):
 
 
 # Thomas elimination is written out at trace time up to this size and runs as two loops
-# above it (see `tridiagonal_solve`; benchmarks/structured_solves.py, chain_scaling.py).
-_THOMAS_UNROLL_MAX = 8
+# above it. Alone in a loop the written-out form is the fastest at every k ≤ 32
+# (benchmarks/structured_solves.py); inside the chain's derived fields (chain_scaling.py)
+# k = 6 and 8 written out ran no faster than the loops (RK4: 1.3–1.9× slower) and
+# compiled 0.5–2.5 s longer (the scalar graph of `geomjax.internal.simplify` expands it).
+_THOMAS_UNROLL_MAX = 4
 
 # Largest accepted growth of a row of |L||U| over the same row of |T| (see
 # `tridiagonal_solve`): the backward error stays below 3·1e3·ε relative to T's rows.
@@ -164,16 +167,16 @@ def tridiagonal_solve(dl, d, du, b):
         y₀ = b₀,   yᵢ = bᵢ − lᵢ yᵢ₋₁,
         x_{k−1} = y_{k−1} / u_{k−1},   xᵢ = (yᵢ − duᵢ xᵢ₊₁) / uᵢ,
 
-    written out at trace time for k ≤ 8; above, two `fori_loop`s (forward, backward) inside
+    written out at trace time for k ≤ 4; above, two `fori_loop`s (forward, backward) inside
     `lax.custom_linear_solve`, whose derivative rules solve with T and Tᵀ. Plain arithmetic,
     no LAPACK call: a custom call is a separate runtime step (a thunk) per call on the CPU,
     and a loop holding one is never compiled into a single native call, as XLA's CPU
     backend does for a loop that holds no custom call and touches under 1 KiB per
-    iteration (the runs of small systems: 4–11× faster then). Above k = 8 the
+    iteration (the runs of small systems: 4–11× faster then). Above k = 4 the
     elimination is kept out of `geomjax.internal.simplify`'s scalar graph, as the LAPACK
     call was: on larger fields that graph is run step by step, one thunk per cluster of
-    scalar operations, and ran 3–10× slower (benchmarks/structured_solves.py,
-    benchmarks/chain_scaling.py). The factors depend on T alone and x is linear in b, so
+    scalar operations, and ran 3–10× slower than with the LAPACK call (planar chain, RK4,
+    N = 12–16, benchmarks/chain_scaling.py). The factors depend on T alone and x is linear in b, so
     jvp, vjp, `linear_transpose` in b and `vmap` go through.
 
     No pivoting, so it is checked. The computed factors satisfy T + ΔT = LU with
