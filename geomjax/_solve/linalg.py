@@ -176,8 +176,8 @@ def tridiagonal_solve(dl, d, du, b):
     elimination is kept out of `geomjax.internal.simplify`'s scalar graph, as the LAPACK
     call was: on larger fields that graph is run step by step, one thunk per cluster of
     scalar operations, and ran 3–10× slower than with the LAPACK call (planar chain, RK4,
-    N = 12–16, benchmarks/chain_scaling.py). The factors depend on T alone and x is linear in b, so
-    jvp, vjp, `linear_transpose` in b and `vmap` go through.
+    N = 12–16, benchmarks/chain_scaling.py). The factors depend on T alone and x is linear
+    in b, so jvp, vjp, `linear_transpose` in b and `vmap` go through.
 
     No pivoting, so it is checked. The computed factors satisfy T + ΔT = LU with
     |ΔT| ≤ 3ε|L||U| (ε the unit round-off; Higham, *Accuracy and Stability*, §9.5), and
