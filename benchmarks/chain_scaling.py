@@ -8,18 +8,24 @@ constraints f = (g, G M⁻¹p). For each N and each method
 - feedback field (`geomjax.feedback_field`, gains k = 10, L = I) with Euler and RK4,
 - RATTLE (`geomjax.rattle`),
 
-the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in three versions:
+the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in four versions:
 
 - geomjax:    `geomjax.integrate(field or step, x, dt=h, steps=S, method=...)`, everything
               derived by autodiff from H and g; from N = 4 on the fields take the sparse
               path of `geomjax._field.derived` (C's pattern read off the jaxpr, block form
-              [[0, A], [−Aᵀ, D]] with A tridiagonal, two `tridiagonal_solve` calls);
+              [[0, A], [−Aᵀ, D]] with A tridiagonal, two `tridiagonal_solve` calls:
+              plain-JAX Thomas elimination with a growth check);
 - hand dense: the same field / step written by hand in vectorised jnp for the chain, with
               G = Dg in closed form, C = {f_i, f_j} assembled as a dense 2N × 2N matrix by
               matmuls and `jnp.linalg.solve` (RATTLE: 3 Newton iterations, dense solves);
 - hand tri:   the same using the chain's structure: every Gram matrix is tridiagonal, the
               multipliers come from two `jax.lax.linalg.tridiagonal_solve` calls (formula in
-              `tri_dirac_parts`).
+              `tri_dirac_parts`; LAPACK gtsv custom calls on the CPU);
+- hand thomas: the same formulas with the tridiagonal solves by the Thomas algorithm in
+              plain jnp, written in this file (`thomas_solve`: unrolled for N ≤ 8, two
+              `lax.scan` sweeps above; no pivoting, no checks). The reference for the
+              targets of issue 25: geomjax's fields ≤ 1.5× and RATTLE ≤ 2× it, compile ≤ 2 s;
+              the summary at the end prints those ratios and the growth exponents.
 
 The hand versions run in a `lax.scan` over the (q, p) pieces (`_harness.scan_loop`), the
 same loop shape `geomjax.integrate` uses. Reported per case: trace+lower time, XLA compile
@@ -30,14 +36,15 @@ and version; so does a predicted compile (last time × last growth factor) above
 `--predict-limit` seconds. Each geomjax case runs in its own process, killed after
 `--case-timeout` seconds (default 150; then the larger N are skipped too).
 
-Before timing, the script checks (and asserts): the tridiagonal formulas against the dense
-ones (1e−10), and geomjax's Dirac field, feedback field and one RATTLE step against the
+Before timing, the script checks (and asserts): the tridiagonal formulas (both solves)
+against the dense ones (1e−10), and geomjax's Dirac field, feedback field and one RATTLE step against the
 hand dense versions (1e−10 relative).
 
-Run: `python benchmarks/chain_scaling.py [--links 1,2,4,8,16,32] [--steps 2000] [--quick]`.
+Run: `python benchmarks/chain_scaling.py [--links 1,2,3,4,6,8,9,12,16,24,32] [--steps 2000] [--quick]`.
 """
 
 import argparse
+import functools
 import json
 import math
 import subprocess
@@ -194,13 +201,57 @@ def tri_solve(t, b):
     return jax.lax.linalg.tridiagonal_solve(dl, d, du, b[:, None])[:, 0]
 
 
+THOMAS_UNROLL = 8  # the hand Thomas solve is written out up to this size, a `lax.scan` above
+
+
+def thomas_solve(t, b):
+    """T x = b by the Thomas algorithm (no pivoting: the chain's Gram matrices are SPD), in
+    plain jnp: unrolled at trace time for N ≤ 8, two `lax.scan` sweeps above.
+
+    Forward: w_i = dl_i / c_{i−1}, c_i = d_i − w_i du_{i−1}, y_i = b_i − w_i y_{i−1} (c_0 = d_0,
+    y_0 = b_0); backward: x_{N−1} = y_{N−1}/c_{N−1}, x_i = (y_i − du_i x_{i+1}) / c_i.
+    """
+    dl, d, du = t
+    n = d.shape[0]
+    if n <= THOMAS_UNROLL:
+        c, y = [d[0]], [b[0]]
+        for i in range(1, n):
+            w = dl[i] / c[-1]
+            c.append(d[i] - w * du[i - 1])
+            y.append(b[i] - w * y[-1])
+        x = [y[-1] / c[-1]]
+        for i in range(n - 2, -1, -1):
+            x.append((y[i] - du[i] * x[-1]) / c[i])
+        return jnp.stack(x[::-1])
+
+    def forward(carry, row):
+        c_prev, y_prev = carry
+        dl_i, d_i, du_prev, b_i = row
+        w = dl_i / c_prev
+        c_i, y_i = d_i - w * du_prev, b_i - w * y_prev
+        return (c_i, y_i), (c_i, y_i)
+
+    _, (c, y) = jax.lax.scan(forward, (d[0], b[0]), (dl[1:], d[1:], du[:-1], b[1:]))
+
+    def backward(x_next, row):
+        c_i, y_i, du_i = row
+        x_i = (y_i - du_i * x_next) / c_i
+        return x_i, x_i
+
+    last = y[-1] / c[-1]
+    _, x = jax.lax.scan(
+        backward, last, (jnp.concatenate([d[:1], c[:-1]]), jnp.concatenate([b[:1], y[:-1]]), du[:-1]), reverse=True
+    )
+    return jnp.concatenate([x, last[None]])
+
+
 def rows_transpose(a, lam):
     """R_aᵀλ as (N, 2) points: block j gets λ_j a_j − λ_{j+1} a_{j+1}."""
     y = lam[:, None] * a
     return y - jnp.concatenate([y[1:], jnp.zeros((1, 2), y.dtype)])
 
 
-def tri_dirac_parts(q, p):
+def tri_dirac_parts(q, p, solve=tri_solve):
     """Multipliers of the Dirac field from two tridiagonal solves.
 
     With f = (g, h), h = G M⁻¹p, and R_a as in `dense_rows`: G = R_d, ∂h/∂q = R_u,
@@ -232,40 +283,38 @@ def tri_dirac_parts(q, p):
     b_mat = (b_dl, jnp.zeros_like(b_du), b_du)
     h_vals = jnp.sum(d * u, axis=1)
     a_h = jnp.sum(u * u, axis=1) - jnp.sum(d * links(grad_u), axis=1) / MASS
-    mu = tri_solve(a_mat, h_vals)
-    lam = tri_solve(a_mat, tri_matvec(b_mat, mu) - a_h)
+    mu = solve(a_mat, h_vals)
+    lam = solve(a_mat, tri_matvec(b_mat, mu) - a_h)
     return d, u, v, grad_u, lam, mu, h_vals
 
 
-def tri_dirac(q, p):
-    d, u, v, grad_u, lam, mu, _ = tri_dirac_parts(q, p)
+def tri_dirac(q, p, solve=tri_solve):
+    d, u, v, grad_u, lam, mu, _ = tri_dirac_parts(q, p, solve)
     dq = v - rows_transpose(d, mu).reshape(-1) / MASS
     dp = -grad_u.reshape(-1) + (rows_transpose(d, lam) + rows_transpose(u, mu)).reshape(-1)
     return dq, dp
 
 
-def tri_feedback(x0):
+def tri_feedback(x0, solve=tri_solve):
     n2 = x0.shape[0] // 2
     target = _quantities_dense(x0[:n2], x0[n2:])
     n = n2 // 2
 
     def field(q, p):
-        d, u, v, grad_u, lam, mu, h_vals = tri_dirac_parts(q, p)
+        d, u, v, grad_u, lam, mu, h_vals = tri_dirac_parts(q, p, solve)
         f = jnp.concatenate([constraint_values(d), h_vals, jnp.atleast_1d(energy(q, p))])
         w = GAIN * (f - target)
         wg, wh, we = w[:n], w[n:-1], w[-1]
         # ∇V = Σ w_i ∇f_i + w_H ∇H: ∇_q = Gᵀw_g + R_uᵀw_h + w_H ∇U, ∇_p = Gᵀw_h/m + w_H v;
         # Y = X − ∇V (q̇ loses ∇_qV, ṗ loses ∇_pV).
-        dq = v - we * grad_u.reshape(-1) - (
-            rows_transpose(d, mu / MASS + wg) + rows_transpose(u, wh)
-        ).reshape(-1)
+        dq = v - we * grad_u.reshape(-1) - (rows_transpose(d, mu / MASS + wg) + rows_transpose(u, wh)).reshape(-1)
         dp = -grad_u.reshape(-1) + (rows_transpose(d, lam - wh / MASS) + rows_transpose(u, mu)).reshape(-1) - we * v
         return dq, dp
 
     return field
 
 
-def tri_rattle(q, p):
+def tri_rattle(q, p, solve=tri_solve):
     """`dense_rattle` with the tridiagonal Newton matrix −G(q₁)M⁻¹G(q)ᵀ and G(q₁)M⁻¹G(q₁)ᵀ."""
     d0 = links(points(q))
     kick = p - 0.5 * H * gravity_gradient(points(q)).reshape(-1)
@@ -274,12 +323,12 @@ def tri_rattle(q, p):
         q1 = q + H * (kick - rows_transpose(d0, nu).reshape(-1) / H) / MASS
         d1 = links(points(q1))
         dl, dd, du = cross_gram(d1, d0)
-        nu = nu + tri_solve((dl, dd, du), constraint_values(d1))
+        nu = nu + solve((dl, dd, du), constraint_values(d1))
     p_half = kick - rows_transpose(d0, nu).reshape(-1) / H
     q1 = q + H * p_half / MASS
     d1 = links(points(q1))
     p_free = p_half - 0.5 * H * gravity_gradient(points(q1)).reshape(-1)
-    mu = tri_solve(cross_gram(d1, d1), jnp.sum(d1 * links(points(p_free)), axis=1) / MASS) * (2.0 / H)
+    mu = solve(cross_gram(d1, d1), jnp.sum(d1 * links(points(p_free)), axis=1) / MASS) * (2.0 / H)
     return q1, p_free - 0.5 * H * rows_transpose(d1, mu).reshape(-1)
 
 
@@ -310,7 +359,7 @@ def rk4(field):
 
 
 METHODS = ["dirac euler", "dirac rk4", "feedback euler", "feedback rk4", "rattle"]
-VERSIONS = ["hand dense", "hand tri", "geomjax"]  # references first, for the ratios
+VERSIONS = ["hand dense", "hand tri", "hand thomas", "geomjax"]  # references first, for the ratios
 
 
 def make_run(method, version, model, steps):
@@ -327,13 +376,14 @@ def make_run(method, version, model, steps):
             target = geomjax.feedback_field(sys, x0, gains=GAIN)
         return lambda x: geomjax.integrate(target, x, dt=H, steps=steps, method=scheme, save_every=steps).xs[-1]
     dense = version == "hand dense"
+    solve = thomas_solve if version == "hand thomas" else tri_solve
     if kind == "rattle":
-        step = dense_rattle if dense else tri_rattle
+        step = dense_rattle if dense else functools.partial(tri_rattle, solve=solve)
     else:
         if kind == "dirac":
-            field = dense_dirac if dense else tri_dirac
+            field = dense_dirac if dense else functools.partial(tri_dirac, solve=solve)
         else:
-            field = (dense_feedback if dense else tri_feedback)(x0)
+            field = dense_feedback(x0) if dense else tri_feedback(x0, solve)
         step = euler(field) if scheme == "euler" else rk4(field)
     return scan_loop(step, steps, n2)
 
@@ -362,15 +412,18 @@ def check(n, tol=1e-10, with_geomjax=True):
         q, p = x[: 2 * n], x[2 * n :]
         dense = cat(dense_dirac(q, p))
         errs[f"tri dirac {name}"] = _rel(cat(tri_dirac(q, p)), dense)
+        errs[f"thomas dirac {name}"] = _rel(cat(tri_dirac(q, p, thomas_solve)), dense)
         if with_geomjax:
             errs[f"geomjax dirac {name}"] = _rel(geomjax.dirac_field(sys)(x), dense)
         fb_dense = cat(dense_feedback(x0)(q, p))
         errs[f"tri feedback {name}"] = _rel(cat(tri_feedback(x0)(q, p)), fb_dense)
+        errs[f"thomas feedback {name}"] = _rel(cat(tri_feedback(x0, thomas_solve)(q, p)), fb_dense)
         if with_geomjax:
             errs[f"geomjax feedback {name}"] = _rel(geomjax.feedback_field(sys, x0, gains=GAIN)(x), fb_dense)
     q, p = x0[: 2 * n], x0[2 * n :]
     rattle_dense = cat(dense_rattle(q, p))
     errs["tri rattle step"] = _rel(cat(tri_rattle(q, p)), rattle_dense)
+    errs["thomas rattle step"] = _rel(cat(tri_rattle(q, p, thomas_solve)), rattle_dense)
     if with_geomjax:
         errs["geomjax rattle step"] = _rel(geomjax.rattle(sys)(x0, H), rattle_dense)
     bad = {k: v for k, v in errs.items() if not v <= tol}
@@ -407,8 +460,16 @@ def run_isolated(method, n, args):
     (not smoothly) at some N, so each geomjax case runs in its own interpreter.
     Returns the result dict, or a string saying why there is none.
     """
-    cmd = [sys.executable, __file__, "--single", f"{method}|{n}", "--steps", str(args.steps),
-           "--repeat", str(args.repeat)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--single",
+        f"{method}|{n}",
+        "--steps",
+        str(args.steps),
+        "--repeat",
+        str(args.repeat),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
     except subprocess.TimeoutExpired:
@@ -416,7 +477,7 @@ def run_isolated(method, n, args):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:100]}"
-    r = json.loads(lines[-1][len("RESULT "):])
+    r = json.loads(lines[-1][len("RESULT ") :])
     r["out"] = jnp.asarray(r["out"])
     return r
 
@@ -440,15 +501,23 @@ def slope(ns, ts, n_min=4):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--links", default="1,2,4,8,16,32", help="comma-separated numbers of links N")
+    parser.add_argument("--links", default="1,2,3,4,6,8,9,12,16,24,32", help="comma-separated numbers of links N")
     parser.add_argument("--steps", type=int, default=2000, help="steps per timed run")
     parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is reported)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     parser.add_argument("--compile-limit", type=float, default=60.0, help="skip larger N after a compile this slow [s]")
-    parser.add_argument("--check-links", type=int, default=8, help="check geomjax's fields against hand dense up to this N")
-    parser.add_argument("--predict-limit", type=float, default=120.0, help="skip N whose predicted compile exceeds this [s]")
-    parser.add_argument("--case-timeout", type=float, default=150.0,
-                        help="kill a geomjax case (own process) after this many seconds and skip larger N")
+    parser.add_argument(
+        "--check-links", type=int, default=8, help="check geomjax's fields against hand dense up to this N"
+    )
+    parser.add_argument(
+        "--predict-limit", type=float, default=120.0, help="skip N whose predicted compile exceeds this [s]"
+    )
+    parser.add_argument(
+        "--case-timeout",
+        type=float,
+        default=150.0,
+        help="kill a geomjax case (own process) after this many seconds and skip larger N",
+    )
     parser.add_argument("--quick", action="store_true", help="N = 1, 2, 4 and 200 steps")
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one geomjax case
     args = parser.parse_args(argv)
@@ -458,18 +527,25 @@ def main(argv=None):
         args.links, args.steps, args.repeat = "1,2,4", 200, 3
     ns = [int(s) for s in args.links.split(",")]
     methods = [m.strip() for m in args.methods.split(",")]
-    print(f"planar chain, h = {H:g}, {args.steps} steps, k = {GAIN:g}; device {jax.devices()[0]}; jax {jax.__version__}")
+    print(
+        f"planar chain, h = {H:g}, {args.steps} steps, k = {GAIN:g}; device {jax.devices()[0]}; jax {jax.__version__}"
+    )
 
     for n in ns:
         errs = check(n, with_geomjax=n <= args.check_links)
         gj = [v for k, v in errs.items() if k.startswith("geomjax")]
-        print(f"checks N = {n:>2}: worst relative disagreement {max(errs.values()):.1e} "
-              f"(geomjax vs dense: {f'{max(gj):.1e}' if gj else 'not checked'})", flush=True)
+        print(
+            f"checks N = {n:>2}: worst relative disagreement {max(errs.values()):.1e} "
+            f"(geomjax vs dense: {f'{max(gj):.1e}' if gj else 'not checked'})",
+            flush=True,
+        )
 
     results = {}  # (method, version) -> {n: dict}
     skipped = {}
-    header = (f"{'method':<15}{'version':<11}{'N':>3}{'lower s':>9}{'compile s':>10}{'1st run s':>10}"
-              f"{'ns/step':>11}{'/dense':>8}{'/tri':>8}{'|Δx| vs dense':>15}")
+    header = (
+        f"{'method':<15}{'version':<12}{'N':>3}{'lower s':>9}{'compile s':>10}{'1st run s':>10}"
+        f"{'ns/step':>11}{'/dense':>8}{'/tri':>8}{'/thomas':>8}{'|Δx| vs dense':>15}"
+    )
     print()
     print(header, flush=True)
     for method in methods:
@@ -480,7 +556,7 @@ def main(argv=None):
                 key = (method, version)
                 res = results.setdefault(key, {})
                 if key in skipped:
-                    print(f"{method:<15}{version:<11}{n:>3}  {skipped[key]}", flush=True)
+                    print(f"{method:<15}{version:<12}{n:>3}  {skipped[key]}", flush=True)
                     continue
                 if version == "geomjax":
                     r = run_isolated(method, n, args)
@@ -490,39 +566,58 @@ def main(argv=None):
                     except Exception as e:  # report and go on
                         r = f"failed: {type(e).__name__}: {str(e)[:80]}"
                 if isinstance(r, str):
-                    print(f"{method:<15}{version:<11}{n:>3}  {r}", flush=True)
+                    print(f"{method:<15}{version:<12}{n:>3}  {r}", flush=True)
                     skipped[key] = f"skipped ({r.split(':')[0]} at smaller N)"
                     continue
                 res[n] = row[version] = r
                 total = r["lower"] + r["compile"]
-                dense, tri = row.get("hand dense"), row.get("hand tri")
+                dense, tri, thomas = row.get("hand dense"), row.get("hand tri"), row.get("hand thomas")
                 ratio = lambda ref: f"{r['ns'] / ref['ns']:>8.2f}" if ref else f"{'':>8}"
                 dx = float(jnp.max(jnp.abs(r["out"] - dense["out"]))) if dense else float("nan")
                 print(
-                    f"{method:<15}{version:<11}{n:>3}{r['lower']:>9.2f}{r['compile']:>10.2f}{r['first']:>10.3f}"
-                    f"{r['ns']:>11.0f}{ratio(dense)}{ratio(tri)}{dx:>15.1e}",
+                    f"{method:<15}{version:<12}{n:>3}{r['lower']:>9.2f}{r['compile']:>10.2f}{r['first']:>10.3f}"
+                    f"{r['ns']:>11.0f}{ratio(dense)}{ratio(tri)}{ratio(thomas)}{dx:>15.1e}",
                     flush=True,
                 )
                 if total > args.compile_limit:
-                    skipped[key] = f"skipped (compile > {args.compile_limit:g} s at smaller N: {total:.0f} s at N = {n})"
+                    skipped[key] = (
+                        f"skipped (compile > {args.compile_limit:g} s at smaller N: {total:.0f} s at N = {n})"
+                    )
                 else:
                     done = sorted(res)
                     if len(done) >= 2:
                         prev = res[done[-2]]["lower"] + res[done[-2]]["compile"]
                         predicted = total * max(total / prev, 1.0)
                         if predicted > args.predict_limit:
-                            skipped[key] = (f"skipped (predicted compile {predicted:.0f} s > {args.predict_limit:g} s "
-                                            f"from {prev:.1f} s -> {total:.1f} s)")
+                            skipped[key] = (
+                                f"skipped (predicted compile {predicted:.0f} s > {args.predict_limit:g} s "
+                                f"from {prev:.1f} s -> {total:.1f} s)"
+                            )
+
+    print()
+    print("geomjax / hand thomas (run time per step; targets: fields <= 1.5, RATTLE <= 2), and geomjax's")
+    print("lower + compile time in s (target <= 2 s); '*' marks a missed target:")
+    for method in methods:
+        gj, th = results.get((method, "geomjax"), {}), results.get((method, "hand thomas"), {})
+        target = 2.0 if method == "rattle" else 1.5
+        cells = []
+        for n in sorted(set(gj) & set(th)):
+            ratio = gj[n]["ns"] / th[n]["ns"]
+            total = gj[n]["lower"] + gj[n]["compile"]
+            cells.append(
+                f"N={n}: {ratio:.2f}{'*' if ratio > target else ''} ({total:.1f}{'*' if total > 2.0 else ''} s)"
+            )
+        print(f"{method:<15}" + ", ".join(cells))
 
     print()
     print("growth exponents, least-squares log-log slope over N >= 4 (t ~ N^a):")
-    print(f"{'method':<15}{'version':<11}{'a(compile)':>11}{'a(run)':>8}  N measured")
+    print(f"{'method':<15}{'version':<12}{'a(compile)':>11}{'a(run)':>8}  N measured")
     for (method, version), res in results.items():
         done = sorted(res)
         a_c = slope(done, [res[n]["lower"] + res[n]["compile"] for n in done])
         a_r = slope(done, [res[n]["ns"] for n in done])
         fmt = lambda a: f"{a:>.2f}" if a is not None else "-"
-        print(f"{method:<15}{version:<11}{fmt(a_c):>11}{fmt(a_r):>8}  {done}")
+        print(f"{method:<15}{version:<12}{fmt(a_c):>11}{fmt(a_r):>8}  {done}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ pattern of the structure B it gives the pattern of C = Df B Dfᵀ. When C has th
 and A is tridiagonal (the chain's links), nothing m × n or m × m is formed: the needed
 columns of C come from a few products Df·B·Dfᵀ·s with coloured seeds s (columns that share
 no row are evaluated together), h = {H, f} from one Jacobian-vector product, the
-multipliers from two tridiagonal solves with A (LAPACK gtsv, partial pivoting), and
+multipliers from two tridiagonal solves with A (`tridiagonal_solve`: Thomas elimination in
+plain JAX, a pivot with too much growth giving a non-finite result), and
 Σ c_j X_{f_j} from one pullback. Otherwise C is formed densely as below.
 """
 

@@ -82,14 +82,148 @@ def unrolled_solve(a, b):
     return sol
 
 
+# Thomas elimination is written out at trace time up to this size and runs as two loops
+# above it. Alone in a loop the written-out form is the fastest at every k ≤ 32
+# (benchmarks/structured_solves.py); inside the chain's derived fields (chain_scaling.py)
+# k = 6 and 8 written out ran no faster than the loops (RK4: 1.3–1.9× slower) and
+# compiled 0.5–2.5 s longer (the scalar graph of `geomjax.internal.simplify` expands it).
+_THOMAS_UNROLL_MAX = 4
+
+# Largest accepted growth of a row of |L||U| over the same row of |T| (see
+# `tridiagonal_solve`): the backward error stays below 3·1e3·ε relative to T's rows.
+_THOMAS_GROWTH_MAX = 1e3
+
+
+def _thomas_row(dl_i, d_i, du_prev, pivot_prev):
+    """One elimination step: (l_i, u_i), u_i NaN when the row's growth is too large."""
+    mult = dl_i / pivot_prev
+    fill = mult * du_prev
+    pivot = d_i - fill
+    # |L||U| and |T| agree off the diagonal; on it they are |l_i du_{i−1}| + |u_i| and |d_i|.
+    # A NaN or infinite fill (a zero pivot above) fails the comparison too.
+    ok = jnp.abs(fill) + jnp.abs(pivot) <= _THOMAS_GROWTH_MAX * (jnp.abs(dl_i) + jnp.abs(d_i) + jnp.abs(du_prev))
+    return mult, jnp.where(ok, pivot, jnp.nan)
+
+
+def _thomas_factor_unrolled(dl, d, du):
+    k = d.shape[0]
+    pivots, mults = [d[0]], [jnp.zeros_like(d[0])]
+    for i in range(1, k):
+        mult, pivot = _thomas_row(dl[i], d[i], du[i - 1], pivots[-1])
+        mults.append(mult)
+        pivots.append(pivot)
+    return jnp.stack(mults), jnp.stack(pivots)
+
+
+def _thomas_apply_unrolled(mults, pivots, du, b):
+    k = b.shape[0]
+    y = [b[0]]
+    for i in range(1, k):
+        y.append(b[i] - mults[i] * y[-1])
+    x = [y[-1] / pivots[k - 1]]
+    for i in range(k - 2, -1, -1):
+        x.append((y[i] - du[i] * x[-1]) / pivots[i])
+    return jnp.stack(x[::-1])
+
+
+def _thomas_looped(dl, d, du, b):
+    """Thomas elimination as two `fori_loop`s over the rows (forward elimination with the
+    factors, back substitution), each one small loop that XLA's CPU backend compiles into a
+    single call; the arrays are indexed in place, nothing is sliced or stacked around them."""
+    k = d.shape[0]
+
+    def forward(i, carry):
+        pivots, y = carry
+        mult, pivot = _thomas_row(dl[i], d[i], du[i - 1], pivots[i - 1])
+        return pivots.at[i].set(pivot), y.at[i].set(b[i] - mult * y[i - 1])
+
+    pivots, y = lax.fori_loop(1, k, forward, (d, b))
+
+    def backward(j, x):
+        i = k - 2 - j
+        return x.at[i].set((y[i] - du[i] * x[i + 1]) / pivots[i])
+
+    return lax.fori_loop(0, k - 1, backward, y / _lead(pivots, y))
+
+
+def _lead(coefficients, like):
+    """Coefficients of shape (k,) shaped to multiply the rows of b (b may have trailing axes)."""
+    return jnp.reshape(coefficients, coefficients.shape + (1,) * (jnp.ndim(like) - 1))
+
+
+def _shift(x, offset):
+    """y_i = x_{i+offset} along the first axis, zero outside (|offset| = 1)."""
+    zero = jnp.zeros_like(x[:1])
+    return jnp.concatenate([x[1:], zero]) if offset > 0 else jnp.concatenate([zero, x[:-1]])
+
+
 def tridiagonal_solve(dl, d, du, b):
     """Solve `T x = b` for the tridiagonal T with sub-diagonal `dl` (dl[0] = 0), diagonal
-    `d` and super-diagonal `du` (du[-1] = 0), `b` of shape `(k,)`.
+    `d` and super-diagonal `du` (du[-1] = 0), `b` of shape `(k,)` (or `(k, r)`). O(k).
 
-    `jax.lax.linalg.tridiagonal_solve` (LAPACK gtsv on the CPU: Gaussian elimination with
-    partial pivoting, so T need not be symmetric or definite, only invertible). O(k).
+    Thomas elimination: T = LU with L unit lower bidiagonal and U upper bidiagonal,
 
-    Example: `tridiagonal_solve(jnp.array([0., 1.]), jnp.array([2., 2.]), jnp.array([1., 0.]), jnp.array([3., 3.]))`
-    returns `[1., 1.]`.
+        u₀ = d₀,   lᵢ = dlᵢ / uᵢ₋₁,   uᵢ = dᵢ − lᵢ duᵢ₋₁,
+        y₀ = b₀,   yᵢ = bᵢ − lᵢ yᵢ₋₁,
+        x_{k−1} = y_{k−1} / u_{k−1},   xᵢ = (yᵢ − duᵢ xᵢ₊₁) / uᵢ,
+
+    written out at trace time for k ≤ 4; above, two `fori_loop`s (forward, backward) inside
+    `lax.custom_linear_solve`, whose derivative rules solve with T and Tᵀ. Plain arithmetic,
+    no LAPACK call: a custom call is a separate runtime step (a thunk) per call on the CPU,
+    and a loop holding one is never compiled into a single native call, as XLA's CPU
+    backend does for a loop that holds no custom call and touches under 1 KiB per
+    iteration (the runs of small systems: 4–11× faster then). Above k = 4 the
+    elimination is kept out of `geomjax.internal.simplify`'s scalar graph, as the LAPACK
+    call was: on larger fields that graph is run step by step, one thunk per cluster of
+    scalar operations, and ran 3–10× slower than with the LAPACK call (planar chain, RK4,
+    N = 12–16, benchmarks/chain_scaling.py). The factors depend on T alone and x is linear
+    in b, so jvp, vjp, `linear_transpose` in b and `vmap` go through.
+
+    No pivoting, so it is checked. The computed factors satisfy T + ΔT = LU with
+    |ΔT| ≤ 3ε|L||U| (ε the unit round-off; Higham, *Accuracy and Stability*, §9.5), and
+    |L||U| differs from |T| only on the diagonal, |lᵢduᵢ₋₁| + |uᵢ| against |dᵢ|. Row i is
+    accepted when
+
+        |lᵢduᵢ₋₁| + |uᵢ| ≤ 10³ (|dlᵢ| + |dᵢ| + |duᵢ₋₁|),
+
+    which bounds the backward error row by row by 3·10³ε: the answer is then as good as
+    T's conditioning allows. For T symmetric positive (or negative) definite the two
+    terms carry the sign of dᵢ and add up to |dᵢ| (no growth at all), and for T diagonally
+    dominant by rows or columns the left side is at most 3 times the right side's sum
+    (|uᵢ₋₁| ≥ |duᵢ₋₁| or |lᵢ| ≤ 1) — the chain's Gram matrices G M⁻¹Gᵀ are SPD. A row that fails (a tiny pivot uᵢ₋₁ next to T's entries, a
+    zero or non-finite pivot) gets a NaN pivot, so x is non-finite, never a finite wrong
+    answer; a zero last pivot (T singular) gives ±inf. Inside a run the driver reports the
+    non-finite state (`RESULTS.nonfinite_first_step` / `RESULTS.diverged`). The check is
+    elementwise and fuses; a pivoted fallback to LAPACK under `lax.cond` when the check
+    fails was measured 1.3–7× slower per solve on the CPU (the conditional splits the fused
+    loop body), 2.3–2.7× under `vmap` (where it becomes a select that runs both solves), so
+    it is not taken.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> from geomjax._solve.linalg import tridiagonal_solve
+    >>> x = tridiagonal_solve(jnp.array([0., 1.]), jnp.array([2., 2.]), jnp.array([1., 0.]), jnp.array([3., 3.]))
+    >>> [float(v) for v in x]
+    [1.0, 1.0]
+    >>> # a zero first pivot (T is invertible, but needs a row exchange): flagged, not wrong
+    >>> x = tridiagonal_solve(jnp.array([0., 1.]), jnp.array([0., 1.]), jnp.array([1., 0.]), jnp.array([2., 3.]))
+    >>> bool(jnp.all(jnp.isfinite(x)))
+    False
+
+    ```
     """
-    return lax.linalg.tridiagonal_solve(dl, d, du, b[:, None])[:, 0]
+    if d.shape[0] <= _THOMAS_UNROLL_MAX:
+        mults, pivots = _thomas_factor_unrolled(dl, d, du)
+        return _thomas_apply_unrolled(mults, pivots, du, b)
+
+    def matvec(x):
+        return _lead(d, x) * x + _lead(dl, x) * _shift(x, -1) + _lead(du, x) * _shift(x, 1)
+
+    # Tᵀ has sub-diagonal T[i−1, i] = du[i−1] and super-diagonal T[i+1, i] = dl[i+1].
+    dl_t, du_t = _shift(du, -1), _shift(dl, 1)
+    return lax.custom_linear_solve(
+        matvec,
+        b,
+        lambda _, rhs: _thomas_looped(dl, d, du, rhs),
+        lambda _, rhs: _thomas_looped(dl_t, d, du_t, rhs),
+    )
