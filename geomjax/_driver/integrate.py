@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Float
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
 from .._step.runge_kutta import ExplicitRungeKutta
@@ -166,20 +167,124 @@ def _in_layout_of(step, other, run):
     return converted
 
 
-def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int = 1):
-    """The same map as `exact`, computed with the bookkeeping out of the per-step loop.
+@custom_vmap
+def _any_member(flag):
+    """`flag`, a boolean scalar; under `vmap`, whether it holds for *any* member, the same
+    (unbatched) value for all. It decides only whether a loop redoes work whose results
+    each member then takes or not as its own flag says, so a member's values never
+    depend on another's; what it buys is a loop whose trip count stays unbatched under
+    `vmap` (a batched one would select every carried value at every step)."""
+    return flag
 
-    The loop carries the state, a running `0·Σx` (NaN from the first non-finite state of
-    the block on, whatever later steps do) and, for steps whose status is not a constant,
-    an "all steps succeeded" flag (a constant status, as of explicit steps, adds nothing).
-    Only when the block failed is it recomputed by `exact` from its start, step by step,
-    which finds the first failing step and the last good state: in a `while_loop` that
-    runs at most once, so that under `vmap` it runs only when some member failed. After an
+
+@_any_member.def_vmap
+def _any_member_rule(axis_size, in_batched, flag):
+    del axis_size
+    if in_batched[0]:
+        flag = _any_member(jnp.any(flag, axis=0))  # again: for an enclosing vmap
+    return flag, False
+
+
+def _anywhere(flags):
+    """Whether any entry of `flags` holds, in any member of an enclosing `vmap`."""
+    return _any_member(jnp.any(flags))
+
+
+def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
+    """The map of `_exact_steps(step, ...)` over one save block, with the bookkeeping out of
+    the per-step loop and one copy of that loop in the compiled program.
+
+    The per-step loop (`steps_from`: `n` steps of `step.fast_variant()`) carries the state,
+    a running `0·Σx` (NaN from the first non-finite state on, whatever later steps do)
+    and, for steps whose status is not a constant, the first status that is not a
+    success. It runs inside a loop over passes, with a trip count that the pass sets:
+
+    - pass 0 runs the whole block. Where it succeeded (the whole batch, under `vmap` or
+      for a `BatchedStep`), that is the block;
+    - otherwise the same loop runs one step at a time from the block's start, each step
+      checked as `_exact_steps` checks it, for the members that failed, until each has
+      found its failing step (the state stays at the last good one) or reached the end of
+      the block. A step whose fast variant failed is taken again with `step` itself (an
+      implicit step's Newton fallback: a second, different step in the program, run only
+      there); where that succeeds the member goes on.
+
+    So the step of a block that succeeded is compiled once and runs with no per-step
+    check beyond the flag; a failed block costs its steps once more, one loop pass each.
+    Whether to redo is decided for the whole batch (`_anywhere`), so the trip counts stay
+    unbatched under `vmap` and the loop stays a loop (no per-step selects). After an
     earlier failure the block keeps the frozen state and only counts its steps.
     """
+    fast = step.fast_variant()
 
     def finite_mark(z):
         # 0 if every entry of z is finite, else NaN (0·x is NaN for ±inf and NaN)
+        return 0.0 * fast.state_sum(z)
+
+    def steps_from(z, k, n, like):
+        """`n` steps of `fast` from `z` after step `k`: `(z_n, mark, first bad code)`."""
+
+        def body(c):
+            z, i, mark, code = c
+            t = t0 + (k + i).astype(dt.dtype) * dt
+            z_next, result = fast.advance(t, z, dt, args)
+            if not (is_concrete(result._value) and int(np.asarray(result._value)) == OK):
+                code = jnp.where(code == OK, jnp.asarray(result._value, code.dtype), code)
+            # The mark of the state the step starts from (read with the step's own
+            # inputs, so XLA computes it beside them); the end state's after the loop.
+            return z_next, i + 1, mark + finite_mark(z), code
+
+        init = (z, jnp.zeros((), k.dtype), jnp.zeros_like(like, dt.dtype), jnp.full_like(like, OK))
+        z, _, mark, code = lax.while_loop(lambda c: c[1] < n, body, init)
+        return z, mark + finite_mark(z), code
+
+    def run(z, record):
+        k0 = record[STEPS]
+        running = record[STATUS] == OK
+
+        def one_pass(c):
+            searching, j, z, record, pending, _ = c
+            z_next, mark, code = steps_from(z, k0 + j, jnp.where(searching, 1, block), k0)
+            ok = jnp.isfinite(mark) & (code == OK)
+            if fast is not step:
+                redo = searching & pending & ~ok
+
+                def full(_):
+                    z_full, result = step.advance(t0 + (k0 + j).astype(dt.dtype) * dt, z, dt, args)
+                    return z_full, jnp.broadcast_to(jnp.asarray(result._value, code.dtype), code.shape)
+
+                z_full, code_full = lax.cond(_anywhere(redo), full, lambda _: (z_next, code), None)
+                z_next = step.state_select(redo, z_full, z_next)
+                code = jnp.where(redo, code_full, code)
+            # pass 0: the members that failed search their block from its start
+            failed = running & ~ok
+            # a search step: the exact loop's status of step k
+            k = k0 + j + 1
+            finite = jnp.isfinite(step.state_sum(z_next))
+            blow_up = jnp.where(k == 1, code_of(RESULTS.nonfinite_first_step), code_of(RESULTS.diverged))
+            code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
+            bad = pending & (code != OK)
+            found = jnp.stack([k, k, code])
+            record = jnp.where(searching & bad, found.astype(record.dtype), record)
+            advance = jnp.where(searching, pending & ~bad, running & ok)
+            pending = jnp.where(searching, pending & ~bad, failed)
+            j = jnp.where(searching, j + 1, 0)
+            go = (j < block) & _anywhere(pending)
+            return jnp.asarray(True), j, step.state_select(advance, z_next, z), record, pending, go
+
+        init = (jnp.asarray(False), jnp.zeros((), k0.dtype), z, record, jnp.zeros_like(running), jnp.asarray(True))
+        _, _, z, record, _, _ = lax.while_loop(lambda c: c[5], one_pass, init)
+        return z, record.at[STEPS].set(k0 + block)
+
+    return run
+
+
+def _fast_steps_unrolled(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int):
+    """`_fast_steps` for a loop that takes `unroll` steps per iteration (sweeps on a GPU):
+    the block in one `lax.scan`, and where it failed, recomputed by `exact` (the checked
+    loop, a second copy of the step) from its start, in a `while_loop` that runs at most
+    once."""
+
+    def finite_mark(z):
         return 0.0 * step.state_sum(z)
 
     def run(z, record):
@@ -193,8 +298,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
                 ok_next = ok if int(np.asarray(result._value)) == OK else jnp.zeros_like(ok)
             else:
                 ok_next = ok & (jnp.asarray(result._value) == OK)
-            # The mark of the state the step starts from (read with the step's own
-            # inputs, so XLA computes it beside them); the block's end state after the loop.
             return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
@@ -202,7 +305,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
         mark = mark + finite_mark(z_end)
         failed_before = record[STATUS] != OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
-        # After an earlier failure the state stays where it was and only the count moves.
         z_end = step.state_select(failed_before, z, z_end)
         record_end = record.at[STEPS].add(block)
 
@@ -211,7 +313,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
             # recomputation out of the loop (under vmap, run it for every block).
             return (jnp.zeros_like(c[0]), *exact(c[1], c[2]))
 
-        # (`any`: a batched step's members fail one by one; each keeps its own result.)
         _, z_exact, record_exact = lax.while_loop(lambda c: jnp.any(c[0]), again, (failed, z, record))
         return step.state_select(failed, z_exact, z_end), jnp.where(failed, record_exact, record_end)
 
@@ -253,8 +354,10 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
 
     def fast(dyn, z, record):
         s, h, t, a = rebuild(dyn)
+        if unroll == 1:
+            return _fast_steps(s, h, t, a, block)(z, record)
         exact = _exact_steps(s, h, t, a, block, False)
-        return _fast_steps(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
+        return _fast_steps_unrolled(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
 
     # Values from the fast loop, derivatives from the exact one, with respect to the
     # explicit inputs and to whatever the user's functions close over (a parameter traced
