@@ -26,7 +26,6 @@ only where it failed (`_fast_variant_then_step`).
 import dataclasses
 import operator
 import sys
-import weakref
 from collections.abc import Callable
 
 import equinox as eqx
@@ -39,7 +38,7 @@ from jax.custom_batching import custom_vmap
 
 from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
 from .._step.runge_kutta import ExplicitRungeKutta
-from .._step.methods import build_step
+from .._step.methods import build_step, method_builder
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
 from .batched import BatchedStep, vmap_keep_shared
 from .common import (
@@ -48,10 +47,14 @@ from .common import (
     STATUS,
     STEPS,
     Monitor,
+    at_top_level,
     begin,
     code_of,
     compiled_call,
+    compiled_call_on,
     drift_detail,
+    known_memo,
+    memo_of,
     nan_max,
     no_detail,
     solution_from_record,
@@ -528,12 +531,15 @@ def _save_point(step, carry, monitor):
 
 def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol, unroll=1):
     n_blocks = steps // save_every
-    concrete = is_concrete((x0, dt, t0, args, step))
+    # (At the top level nothing is traced: no need to look through the step's leaves.)
+    concrete = at_top_level() or is_concrete((x0, dt, t0, args, step))
     if not concrete or runs_whole(n_blocks, save_every, progress):
         bar = _progress_bar(steps, progress) if (progress and concrete) else None
-        sol = compiled_call(
-            _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll), step, x0, dt, t0, args
-        )
+        options = (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll)
+        if args is None:
+            sol = compiled_call_on(_whole_run, (None, *options), step, x0, dt, t0)
+        else:
+            sol = compiled_call(_whole_run, options, step, x0, dt, t0, args)
         if bar is not None:
             bar.update(steps)
             bar.close()
@@ -588,35 +594,49 @@ def _as_scalar(value, dtype):
     return jnp.asarray(value, dtype=dtype)
 
 
-# Starts that passed the eager checks, per field or step: {id: (weak reference, keys)}.
-# A field or step is immutable and its checks are deterministic functions of it and of
-# x0, so a start that passed once passes again; fields with NumPy leaves (mutable in
-# place) are checked every time, and a start whose check needed a traced value is not
-# recorded. Keyed by the object itself (a closure over another value is another field).
-# Measured: a 10-step run costs 200 µs a call with this memo and 420-470 µs without it
-# (the checks' own dispatches), so it stays.
-_PASSED: dict = {}
+# Starts that passed the eager checks, per field or step (`_check_start`), at most this many.
 _MAX_PASSED = 64
 
 
 def _check_start(target, x0, start_tol) -> None:
-    """`target.check(x0)` and the constraint-set check of x0, once per (target, x0)."""
+    """`target.check(x0)` and the constraint-set check of x0, once per (target, x0).
+
+    The checks are deterministic functions of the target and of x0, so a start that
+    passed once passes again; targets with NumPy leaves (mutable in place) are checked
+    every time, and a start whose check needed a traced value is not recorded. Measured:
+    a 10-step run costs 200 µs a call with this memo and 420-470 µs without it (the
+    checks' own dispatches)."""
     key = (np.asarray(x0).tobytes(), x0.shape, start_tol)
-    entry = _PASSED.get(id(target))
-    if entry is not None and entry[0]() is target and key in entry[1]:
+    memo = known_memo(target)
+    if memo is not None and key in memo.get("passed", ()):
         return
     if not checked_where_known(_start_checks, target, x0, start_tol):
         return
     if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(target)):
         return
-    try:
-        ref = weakref.ref(target, lambda _, i=id(target): _PASSED.pop(i, None))
-    except TypeError:
-        return
-    if entry is None or entry[0]() is not target:
-        entry = _PASSED[id(target)] = (ref, set())
-    if len(entry[1]) < _MAX_PASSED:
-        entry[1].add(key)
+    memo = memo_of(target)
+    if memo is not None:
+        passed = memo.setdefault("passed", set())
+        if len(passed) < _MAX_PASSED:
+            passed.add(key)
+
+
+def _step_for(method: str, field):
+    """`build_step(method, field)`, built once per field and method outside transformations
+    (a step is immutable; building one costs a direct `integrate` call tens of µs, and a
+    new object each call costs the dispatch of its compiled run more). Inside `jit`,
+    `vmap` or `grad` it is built anew: what it holds may be traced values of that trace."""
+    if not at_top_level():
+        return build_step(method, field)
+    memo = memo_of(field)
+    builder = method_builder(method)
+    found = None if memo is None else memo.get(("step", method))
+    if found is not None and found[0] is builder:  # the method was not registered anew
+        return found[1]
+    step = build_step(method, field)
+    if memo is not None:
+        memo[("step", method)] = (builder, step)
+    return step
 
 
 def _start_checks(target, x0, start_tol) -> None:
@@ -638,18 +658,26 @@ _DEFAULT_METHOD_NOTE = (
     "field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
 )
 
-_DRIFT_CODES = (code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation))
+_DRIFT_CODES = frozenset((code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation)))
 
 
 def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str) -> Solution:
     """`sol` with its `detail`: what a drift failure measured (`common.drift_detail`),
     computed where a drift may have been reported (a traced status, or a known drift)."""
     status = known(sol.status)
-    if drift_tol is None or (status is not None and not np.isin(status, _DRIFT_CODES).any()):
+    if drift_tol is None or (status is not None and _DRIFT_CODES.isdisjoint(np.ravel(status).tolist())):
         detail = no_detail(x0.dtype, note)
     else:
         detail = compiled_call(drift_detail, (save_every, drift_tol, note), target, x0, sol)
-    return dataclasses.replace(sol, detail=detail)
+    return _with_detail(sol, detail)
+
+
+def _with_detail(sol: Solution, detail) -> Solution:
+    """`dataclasses.replace(sol, detail=detail)`, through the pytree: a module's `__init__`
+    costs a direct `integrate` call tens of µs more."""
+    children, treedef = jax.tree_util.tree_flatten(sol, is_leaf=lambda node: node is not sol)
+    assert children[-1] is sol.detail  # `detail` is the last field
+    return jax.tree_util.tree_unflatten(treedef, [*children[:-1], detail])
 
 
 def _compared(sol: Solution, half: Solution, save_every: int, accuracy_tol) -> Solution:
@@ -844,7 +872,7 @@ def integrate(
                 raise TypeError(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
-            target = build_step(method, target)
+            target = _step_for(method, target)
         run = (target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol)
         sol = _explained(target, x0, _run_fixed(*run), save_every, drift_tol, note)
         if accuracy_tol is not None:
