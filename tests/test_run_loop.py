@@ -117,3 +117,35 @@ def test_a_failed_block_gives_the_checked_loops_states_and_statuses(members):
     assert np.asarray(rec[:, 2])[4] == int(RESULTS.diverged._value)
     assert np.asarray(rec[:, 2])[5] == int(RESULTS.nonfinite_first_step._value)
     assert np.all(np.asarray(rec[:, 0]) == BLOCK)
+
+
+def _halve(x, h):
+    return x * (1.0 - h)
+
+
+def test_a_direct_call_builds_its_step_once_and_shares_its_program():
+    """Outside jit, `integrate` builds a method's step once per field (and a method
+    registered anew under the same name is used), equal steps made anew share one
+    compiled program, and the results are those of the same run inside jit."""
+    from geomjax._driver import common
+    from geomjax._step.runge_kutta import EULER, HEUN, explicit_rk
+
+    field = geomjax.TimeField(lambda t, x, args: -x)
+    x0 = jnp.array([1.0])
+    kw = dict(dt=0.1, steps=4, save_every=2)
+    direct = geomjax.integrate(field, x0, method="euler", **kw)
+    step = driver._step_for("euler", field)
+    assert driver._step_for("euler", field) is step
+    inside = jax.jit(lambda x: geomjax.integrate(field, x, method="euler", **kw).xs)(x0)
+    np.testing.assert_array_equal(np.asarray(direct.xs), np.asarray(inside))
+    np.testing.assert_allclose(np.asarray(direct.xs[:, 0]), [1.0, 0.81, 0.6561])
+    geomjax.register_method("run_loop_test", lambda f: explicit_rk(f, EULER), 1)
+    euler = geomjax.integrate(field, x0, method="run_loop_test", **kw)
+    geomjax.register_method("run_loop_test", lambda f: explicit_rk(f, HEUN), 2)
+    heun = geomjax.integrate(field, x0, method="run_loop_test", **kw)
+    np.testing.assert_array_equal(np.asarray(euler.xs), np.asarray(direct.xs))
+    np.testing.assert_allclose(np.asarray(heun.xs[1, 0]), (1 - 0.1 + 0.005) ** 2)
+    before = common._compiled_on._cache_size()
+    runs = [geomjax.integrate(geomjax.FunctionStep(_halve), x0, **kw) for _ in range(3)]
+    assert common._compiled_on._cache_size() == before + 1
+    np.testing.assert_allclose(np.asarray(runs[-1].xs[:, 0]), [1.0, 0.81, 0.6561])

@@ -34,12 +34,14 @@ def compiled_call(program, options: tuple, *trees):
     return _compiled(program, options, *trees)
 
 
-class _StaticPart(eqx.Module):
+class _StaticPart:
     """The static part of a `compiled_call_on` call, a key of JAX's cache: equal (and of
     equal hash, computed once) for objects equal in everything but their arrays."""
 
-    parts: tuple = eqx.field(static=True)
-    digest: int = eqx.field(static=True)
+    __slots__ = ("parts", "digest")
+
+    def __init__(self, parts: tuple, digest: int):
+        self.parts, self.digest = parts, digest
 
     def __hash__(self):
         return self.digest
@@ -94,9 +96,9 @@ def memo_of(obj) -> dict | None:
     if entry is not None and entry[0]() is obj:
         return entry[1]
 
-    def forget(ref, i=id(obj)):
-        if _MEMOS.get(i, (None,))[0] is ref:
-            del _MEMOS[i]
+    def forget(ref, i=id(obj), memos=_MEMOS):  # (the dict itself: at exit the global is gone)
+        if memos.get(i, (None,))[0] is ref:
+            del memos[i]
 
     try:
         ref = weakref.ref(obj, forget)

@@ -16,11 +16,12 @@ What a run guarantees (under `jit` and `vmap` too):
   a failed run is never silently finite.
 
 The per-step loop carries only the state and a finiteness mark; a save block that failed
-is recomputed step by step by the checked loop (`_exact_steps`), which also defines the
+is searched step by step, with each step checked, by the same loop run one step per pass
+(`_fast_steps`: the step is compiled once). The checked loop (`_exact_steps`) defines the
 derivatives (`_block_map`). A step with a cheaper `fast_variant` (an implicit step's
-fixed-point iteration without its Newton fallback) runs as that variant in the fast loop,
-and in runs saved every one or two steps for the whole run, redone with the step itself
-only where it failed (`_fast_variant_then_step`).
+fixed-point iteration without its Newton fallback) runs as that variant in the loop, and
+is redone with the step itself where it failed: in the search of a failed block, and in
+runs saved every one or two steps, for the whole run (`_fast_variant_then_step`).
 """
 
 import dataclasses
