@@ -47,7 +47,9 @@ class _StaticPart:
         return self.digest
 
     def __eq__(self, other):
-        return self is other or (isinstance(other, _StaticPart) and self.digest == other.digest and self.parts == other.parts)
+        if self is other:
+            return True
+        return isinstance(other, _StaticPart) and self.digest == other.digest and self.parts == other.parts
 
 
 @functools.partial(jax.jit, static_argnums=0)

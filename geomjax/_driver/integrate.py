@@ -480,7 +480,9 @@ def _parts(block: int) -> list[int]:
 def runs_whole(n_blocks: int, block: int, progress) -> bool:
     """Whether a concrete run goes in one compiled call: at most `_CHUNK_STEPS` steps a
     block and one chunk of blocks (see `_chunks`)."""
-    return block <= _CHUNK_STEPS and len(_chunks(n_blocks, block, progress)) == 1
+    if block > _CHUNK_STEPS:
+        return False
+    return n_blocks <= _CHUNK_STEPS // block if not progress else len(_chunks(n_blocks, block, progress)) == 1
 
 
 def _progress_bar(total: int, progress):
