@@ -5,6 +5,9 @@ A run's bookkeeping is one int64 array `record = (steps taken, first failed step
 status code)`, indexed by `STEPS`, `FAILED_STEP`, `STATUS`.
 """
 
+import functools
+import weakref
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -27,11 +30,101 @@ def compiled_call(program, options: tuple, *trees):
     is static and part of JAX's cache key, so two closures are two programs. Works
     inside jit/vmap/grad; values a function closes over are traced by the enclosing
     transformation, not baked in.
-
-    (A process-wide cache of its own, keyed the same way, was 50 µs faster per call on a
-    run of 10 steps, 150 against 200 µs: not worth a second cache beside JAX's.)
     """
     return _compiled(program, options, *trees)
+
+
+class _StaticPart:
+    """The static part of a `compiled_call_on` call, a key of JAX's cache: equal (and of
+    equal hash, computed once) for objects equal in everything but their arrays."""
+
+    __slots__ = ("parts", "digest")
+
+    def __init__(self, parts: tuple, digest: int):
+        self.parts, self.digest = parts, digest
+
+    def __hash__(self):
+        return self.digest
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        return isinstance(other, _StaticPart) and self.digest == other.digest and self.parts == other.parts
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _compiled_on(static: _StaticPart, dynamic, *arrays):
+    program, options, treedef, leaves = static.parts
+    it = iter(dynamic)
+    obj = jax.tree_util.tree_unflatten(treedef, [next(it) if leaf is None else leaf for leaf in leaves])
+    return program(obj, *arrays, *options)
+
+
+def compiled_call_on(program, options: tuple, obj, *arrays):
+    """`compiled_call(program, options, obj, *arrays)` for arrays (jax or NumPy) and an
+    object `obj` (a field or step) that is called again: outside transformations, the
+    split of `obj` into its arrays and its static part is made once per object and kept
+    with it (`memo_of`), and the call goes straight to `jax.jit`, whose cache is keyed by
+    the static part by value (an equal object, or the same one, shares the program). Saves
+    equinox's partition of the inputs on every call: about 0.1 ms per direct
+    `integrate` call (`benchmarks/loop_overhead.py`). Elsewhere: `compiled_call`."""
+    memo = memo_of(obj) if at_top_level() and all(eqx.is_array(a) for a in arrays) else None
+    if memo is None:
+        return compiled_call(program, options, obj, *arrays)
+    key = ("compiled", program, options)
+    found = memo.get(key)
+    if found is None:
+        leaves, treedef = jax.tree_util.tree_flatten(obj)
+        dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
+        parts = (program, options, treedef, tuple(None if eqx.is_array(leaf) else leaf for leaf in leaves))
+        try:
+            static = _StaticPart(parts, hash(parts))
+        except TypeError:  # an unhashable static leaf: equinox's path says what is wrong
+            return compiled_call(program, options, obj, *arrays)
+        found = memo[key] = (static, dynamic)
+    return _compiled_on(found[0], found[1], *arrays)
+
+
+# What is known of an object (a field or step), per object: {id: (weak reference, {what:
+# value})}, dropped with the object. Fields and steps are immutable, so what was derived
+# from one holds as long as it lives.
+_MEMOS: dict = {}
+
+
+def memo_of(obj) -> dict | None:
+    """The memo of `obj` (made empty the first time), or None if `obj` cannot be weakly
+    referenced."""
+    entry = _MEMOS.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        return entry[1]
+
+    def forget(ref, i=id(obj), memos=_MEMOS):  # (the dict itself: at exit the global is gone)
+        if memos.get(i, (None,))[0] is ref:
+            del memos[i]
+
+    try:
+        ref = weakref.ref(obj, forget)
+    except TypeError:
+        return None
+    memo: dict = {}
+    _MEMOS[id(obj)] = (ref, memo)
+    return memo
+
+
+def known_memo(obj) -> dict | None:
+    """The memo of `obj` if it has one (nothing made)."""
+    entry = _MEMOS.get(id(obj))
+    return entry[1] if entry is not None and entry[0]() is obj else None
+
+
+def at_top_level() -> bool:
+    """Whether no JAX transformation is tracing now (values computed now are concrete)."""
+    try:
+        from jax._src.core import trace_ctx
+
+        return bool(trace_ctx.is_top_level())
+    except Exception:  # an internal API: if it changes, count everything as traced
+        return False
 
 
 def nan_max(x, axis):
@@ -123,9 +216,23 @@ def solution_from_record(ts, xs, record, dt, t0):
     return Solution(ts, xs, result, failed_step, dt, t0, num_steps)
 
 
+# `no_detail`'s results, per dtype and note: made once (an immutable module of three
+# constants; made anew, its conversions and construction cost a direct `integrate` call
+# tens of µs; `benchmarks/loop_overhead.py`).
+_NO_DETAIL: dict = {}
+
+
 def no_detail(dtype, note: str = "") -> FailureDetail:
     """The `FailureDetail` of a run with nothing measured to report."""
-    return FailureDetail(jnp.asarray(-1, jnp.int64), jnp.asarray(jnp.nan, dtype), jnp.asarray(jnp.nan, dtype), note=note)
+    key = (jnp.dtype(dtype), note)
+    detail = _NO_DETAIL.get(key)
+    if detail is None:
+        with jax.ensure_compile_time_eval():  # concrete even when first made inside a trace
+            nan = jnp.asarray(jnp.nan, key[0])
+            detail = FailureDetail(jnp.asarray(-1, jnp.int64), nan, nan, note=note)
+        if len(_NO_DETAIL) < 64:
+            _NO_DETAIL[key] = detail
+    return detail
 
 
 def drift_detail(target: AbstractMonitored, x0, sol: Solution, save_every: int, drift_tol: float, note: str = ""):

@@ -16,17 +16,17 @@ What a run guarantees (under `jit` and `vmap` too):
   a failed run is never silently finite.
 
 The per-step loop carries only the state and a finiteness mark; a save block that failed
-is recomputed step by step by the checked loop (`_exact_steps`), which also defines the
+is searched step by step, with each step checked, by the same loop run one step per pass
+(`_fast_steps`: the step is compiled once). The checked loop (`_exact_steps`) defines the
 derivatives (`_block_map`). A step with a cheaper `fast_variant` (an implicit step's
-fixed-point iteration without its Newton fallback) runs as that variant in the fast loop,
-and in runs saved every one or two steps for the whole run, redone with the step itself
-only where it failed (`_fast_variant_then_step`).
+fixed-point iteration without its Newton fallback) runs as that variant in the loop, and
+is redone with the step itself where it failed: in the search of a failed block, and in
+runs saved every one or two steps, for the whole run (`_fast_variant_then_step`).
 """
 
 import dataclasses
 import operator
 import sys
-import weakref
 from collections.abc import Callable
 
 import equinox as eqx
@@ -35,10 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Float
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
 from .._step.runge_kutta import ExplicitRungeKutta
-from .._step.methods import build_step
+from .._step.methods import build_step, method_builder
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
 from .batched import BatchedStep, vmap_keep_shared
 from .common import (
@@ -47,10 +48,14 @@ from .common import (
     STATUS,
     STEPS,
     Monitor,
+    at_top_level,
     begin,
     code_of,
     compiled_call,
+    compiled_call_on,
     drift_detail,
+    known_memo,
+    memo_of,
     nan_max,
     no_detail,
     solution_from_record,
@@ -166,20 +171,124 @@ def _in_layout_of(step, other, run):
     return converted
 
 
-def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int = 1):
-    """The same map as `exact`, computed with the bookkeeping out of the per-step loop.
+@custom_vmap
+def _any_member(flag):
+    """`flag`, a boolean scalar; under `vmap`, whether it holds for *any* member, the same
+    (unbatched) value for all. It decides only whether a loop redoes work whose results
+    each member then takes or not as its own flag says, so a member's values never
+    depend on another's; what it buys is a loop whose trip count stays unbatched under
+    `vmap` (a batched one would select every carried value at every step)."""
+    return flag
 
-    The loop carries the state, a running `0·Σx` (NaN from the first non-finite state of
-    the block on, whatever later steps do) and, for steps whose status is not a constant,
-    an "all steps succeeded" flag (a constant status, as of explicit steps, adds nothing).
-    Only when the block failed is it recomputed by `exact` from its start, step by step,
-    which finds the first failing step and the last good state: in a `while_loop` that
-    runs at most once, so that under `vmap` it runs only when some member failed. After an
+
+@_any_member.def_vmap
+def _any_member_rule(axis_size, in_batched, flag):
+    del axis_size
+    if in_batched[0]:
+        flag = _any_member(jnp.any(flag, axis=0))  # again: for an enclosing vmap
+    return flag, False
+
+
+def _anywhere(flags):
+    """Whether any entry of `flags` holds, in any member of an enclosing `vmap`."""
+    return _any_member(jnp.any(flags))
+
+
+def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
+    """The map of `_exact_steps(step, ...)` over one save block, with the bookkeeping out of
+    the per-step loop and one copy of that loop in the compiled program.
+
+    The per-step loop (`steps_from`: `n` steps of `step.fast_variant()`) carries the state,
+    a running `0·Σx` (NaN from the first non-finite state on, whatever later steps do)
+    and, for steps whose status is not a constant, the first status that is not a
+    success. It runs inside a loop over passes, with a trip count that the pass sets:
+
+    - pass 0 runs the whole block. Where it succeeded (the whole batch, under `vmap` or
+      for a `BatchedStep`), that is the block;
+    - otherwise the same loop runs one step at a time from the block's start, each step
+      checked as `_exact_steps` checks it, for the members that failed, until each has
+      found its failing step (the state stays at the last good one) or reached the end of
+      the block. A step whose fast variant failed is taken again with `step` itself (an
+      implicit step's Newton fallback: a second, different step in the program, run only
+      there); where that succeeds the member goes on.
+
+    So the step of a block that succeeded is compiled once and runs with no per-step
+    check beyond the flag; a failed block costs its steps once more, one loop pass each.
+    Whether to redo is decided for the whole batch (`_anywhere`), so the trip counts stay
+    unbatched under `vmap` and the loop stays a loop (no per-step selects). After an
     earlier failure the block keeps the frozen state and only counts its steps.
     """
+    fast = step.fast_variant()
 
     def finite_mark(z):
         # 0 if every entry of z is finite, else NaN (0·x is NaN for ±inf and NaN)
+        return 0.0 * fast.state_sum(z)
+
+    def steps_from(z, k, n, like):
+        """`n` steps of `fast` from `z` after step `k`: `(z_n, mark, first bad code)`."""
+
+        def body(c):
+            z, i, mark, code = c
+            t = t0 + (k + i).astype(dt.dtype) * dt
+            z_next, result = fast.advance(t, z, dt, args)
+            if not (is_concrete(result._value) and int(np.asarray(result._value)) == OK):
+                code = jnp.where(code == OK, jnp.asarray(result._value, code.dtype), code)
+            # The mark of the state the step starts from (read with the step's own
+            # inputs, so XLA computes it beside them); the end state's after the loop.
+            return z_next, i + 1, mark + finite_mark(z), code
+
+        init = (z, jnp.zeros((), k.dtype), jnp.zeros_like(like, dt.dtype), jnp.full_like(like, OK))
+        z, _, mark, code = lax.while_loop(lambda c: c[1] < n, body, init)
+        return z, mark + finite_mark(z), code
+
+    def run(z, record):
+        k0 = record[STEPS]
+        running = record[STATUS] == OK
+
+        def one_pass(c):
+            searching, j, z, record, pending, _ = c
+            z_next, mark, code = steps_from(z, k0 + j, jnp.where(searching, 1, block), k0)
+            ok = jnp.isfinite(mark) & (code == OK)
+            if fast is not step:
+                redo = searching & pending & ~ok
+
+                def full(_):
+                    z_full, result = step.advance(t0 + (k0 + j).astype(dt.dtype) * dt, z, dt, args)
+                    return z_full, jnp.broadcast_to(jnp.asarray(result._value, code.dtype), code.shape)
+
+                z_full, code_full = lax.cond(_anywhere(redo), full, lambda _: (z_next, code), None)
+                z_next = step.state_select(redo, z_full, z_next)
+                code = jnp.where(redo, code_full, code)
+            # pass 0: the members that failed search their block from its start
+            failed = running & ~ok
+            # a search step: the exact loop's status of step k
+            k = k0 + j + 1
+            finite = jnp.isfinite(step.state_sum(z_next))
+            blow_up = jnp.where(k == 1, code_of(RESULTS.nonfinite_first_step), code_of(RESULTS.diverged))
+            code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
+            bad = pending & (code != OK)
+            found = jnp.stack([k, k, code])
+            record = jnp.where(searching & bad, found.astype(record.dtype), record)
+            advance = jnp.where(searching, pending & ~bad, running & ok)
+            pending = jnp.where(searching, pending & ~bad, failed)
+            j = jnp.where(searching, j + 1, 0)
+            go = (j < block) & _anywhere(pending)
+            return jnp.asarray(True), j, step.state_select(advance, z_next, z), record, pending, go
+
+        init = (jnp.asarray(False), jnp.zeros((), k0.dtype), z, record, jnp.zeros_like(running), jnp.asarray(True))
+        _, _, z, record, _, _ = lax.while_loop(lambda c: c[5], one_pass, init)
+        return z, record.at[STEPS].set(k0 + block)
+
+    return run
+
+
+def _fast_steps_unrolled(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int):
+    """`_fast_steps` for a loop that takes `unroll` steps per iteration (sweeps on a GPU):
+    the block in one `lax.scan`, and where it failed, recomputed by `exact` (the checked
+    loop, a second copy of the step) from its start, in a `while_loop` that runs at most
+    once."""
+
+    def finite_mark(z):
         return 0.0 * step.state_sum(z)
 
     def run(z, record):
@@ -193,8 +302,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
                 ok_next = ok if int(np.asarray(result._value)) == OK else jnp.zeros_like(ok)
             else:
                 ok_next = ok & (jnp.asarray(result._value) == OK)
-            # The mark of the state the step starts from (read with the step's own
-            # inputs, so XLA computes it beside them); the block's end state after the loop.
             return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
@@ -202,7 +309,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
         mark = mark + finite_mark(z_end)
         failed_before = record[STATUS] != OK
         failed = ~failed_before & ~(jnp.isfinite(mark) & ok)
-        # After an earlier failure the state stays where it was and only the count moves.
         z_end = step.state_select(failed_before, z, z_end)
         record_end = record.at[STEPS].add(block)
 
@@ -211,7 +317,6 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int
             # recomputation out of the loop (under vmap, run it for every block).
             return (jnp.zeros_like(c[0]), *exact(c[1], c[2]))
 
-        # (`any`: a batched step's members fail one by one; each keeps its own result.)
         _, z_exact, record_exact = lax.while_loop(lambda c: jnp.any(c[0]), again, (failed, z, record))
         return step.state_select(failed, z_exact, z_end), jnp.where(failed, record_exact, record_end)
 
@@ -253,8 +358,10 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
 
     def fast(dyn, z, record):
         s, h, t, a = rebuild(dyn)
+        if unroll == 1:
+            return _fast_steps(s, h, t, a, block)(z, record)
         exact = _exact_steps(s, h, t, a, block, False)
-        return _fast_steps(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
+        return _fast_steps_unrolled(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
 
     # Values from the fast loop, derivatives from the exact one, with respect to the
     # explicit inputs and to whatever the user's functions close over (a parameter traced
@@ -373,7 +480,9 @@ def _parts(block: int) -> list[int]:
 def runs_whole(n_blocks: int, block: int, progress) -> bool:
     """Whether a concrete run goes in one compiled call: at most `_CHUNK_STEPS` steps a
     block and one chunk of blocks (see `_chunks`)."""
-    return block <= _CHUNK_STEPS and len(_chunks(n_blocks, block, progress)) == 1
+    if block > _CHUNK_STEPS:
+        return False
+    return n_blocks <= _CHUNK_STEPS // block if not progress else len(_chunks(n_blocks, block, progress)) == 1
 
 
 def _progress_bar(total: int, progress):
@@ -425,12 +534,15 @@ def _save_point(step, carry, monitor):
 
 def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol, unroll=1):
     n_blocks = steps // save_every
-    concrete = is_concrete((x0, dt, t0, args, step))
+    # (At the top level nothing is traced: no need to look through the step's leaves.)
+    concrete = at_top_level() or is_concrete((x0, dt, t0, args, step))
     if not concrete or runs_whole(n_blocks, save_every, progress):
         bar = _progress_bar(steps, progress) if (progress and concrete) else None
-        sol = compiled_call(
-            _whole_run, (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll), step, x0, dt, t0, args
-        )
+        options = (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll)
+        if args is None:
+            sol = compiled_call_on(_whole_run, (None, *options), step, x0, dt, t0)
+        else:
+            sol = compiled_call(_whole_run, options, step, x0, dt, t0, args)
         if bar is not None:
             bar.update(steps)
             bar.close()
@@ -485,35 +597,49 @@ def _as_scalar(value, dtype):
     return jnp.asarray(value, dtype=dtype)
 
 
-# Starts that passed the eager checks, per field or step: {id: (weak reference, keys)}.
-# A field or step is immutable and its checks are deterministic functions of it and of
-# x0, so a start that passed once passes again; fields with NumPy leaves (mutable in
-# place) are checked every time, and a start whose check needed a traced value is not
-# recorded. Keyed by the object itself (a closure over another value is another field).
-# Measured: a 10-step run costs 200 µs a call with this memo and 420-470 µs without it
-# (the checks' own dispatches), so it stays.
-_PASSED: dict = {}
+# Starts that passed the eager checks, per field or step (`_check_start`), at most this many.
 _MAX_PASSED = 64
 
 
 def _check_start(target, x0, start_tol) -> None:
-    """`target.check(x0)` and the constraint-set check of x0, once per (target, x0)."""
+    """`target.check(x0)` and the constraint-set check of x0, once per (target, x0).
+
+    The checks are deterministic functions of the target and of x0, so a start that
+    passed once passes again; targets with NumPy leaves (mutable in place) are checked
+    every time, and a start whose check needed a traced value is not recorded. Measured:
+    a 10-step run costs 200 µs a call with this memo and 420-470 µs without it (the
+    checks' own dispatches)."""
     key = (np.asarray(x0).tobytes(), x0.shape, start_tol)
-    entry = _PASSED.get(id(target))
-    if entry is not None and entry[0]() is target and key in entry[1]:
+    memo = known_memo(target)
+    if memo is not None and key in memo.get("passed", ()):
         return
     if not checked_where_known(_start_checks, target, x0, start_tol):
         return
     if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(target)):
         return
-    try:
-        ref = weakref.ref(target, lambda _, i=id(target): _PASSED.pop(i, None))
-    except TypeError:
-        return
-    if entry is None or entry[0]() is not target:
-        entry = _PASSED[id(target)] = (ref, set())
-    if len(entry[1]) < _MAX_PASSED:
-        entry[1].add(key)
+    memo = memo_of(target)
+    if memo is not None:
+        passed = memo.setdefault("passed", set())
+        if len(passed) < _MAX_PASSED:
+            passed.add(key)
+
+
+def _step_for(method: str, field):
+    """`build_step(method, field)`, built once per field and method outside transformations
+    (a step is immutable; building one costs a direct `integrate` call tens of µs, and a
+    new object each call costs the dispatch of its compiled run more). Inside `jit`,
+    `vmap` or `grad` it is built anew: what it holds may be traced values of that trace."""
+    if not at_top_level():
+        return build_step(method, field)
+    memo = memo_of(field)
+    builder = method_builder(method)
+    found = None if memo is None else memo.get(("step", method))
+    if found is not None and found[0] is builder:  # the method was not registered anew
+        return found[1]
+    step = build_step(method, field)
+    if memo is not None:
+        memo[("step", method)] = (builder, step)
+    return step
 
 
 def _start_checks(target, x0, start_tol) -> None:
@@ -535,18 +661,26 @@ _DEFAULT_METHOD_NOTE = (
     "field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
 )
 
-_DRIFT_CODES = (code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation))
+_DRIFT_CODES = frozenset((code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation)))
 
 
 def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str) -> Solution:
     """`sol` with its `detail`: what a drift failure measured (`common.drift_detail`),
     computed where a drift may have been reported (a traced status, or a known drift)."""
     status = known(sol.status)
-    if drift_tol is None or (status is not None and not np.isin(status, _DRIFT_CODES).any()):
+    if drift_tol is None or (status is not None and _DRIFT_CODES.isdisjoint(np.ravel(status).tolist())):
         detail = no_detail(x0.dtype, note)
     else:
         detail = compiled_call(drift_detail, (save_every, drift_tol, note), target, x0, sol)
-    return dataclasses.replace(sol, detail=detail)
+    return _with_detail(sol, detail)
+
+
+def _with_detail(sol: Solution, detail) -> Solution:
+    """`dataclasses.replace(sol, detail=detail)`, through the pytree: a module's `__init__`
+    costs a direct `integrate` call tens of µs more."""
+    children, treedef = jax.tree_util.tree_flatten(sol, is_leaf=lambda node: node is not sol)
+    assert children[-1] is sol.detail  # `detail` is the last field
+    return jax.tree_util.tree_unflatten(treedef, [*children[:-1], detail])
 
 
 def _compared(sol: Solution, half: Solution, save_every: int, accuracy_tol) -> Solution:
@@ -741,7 +875,7 @@ def integrate(
                 raise TypeError(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
-            target = build_step(method, target)
+            target = _step_for(method, target)
         run = (target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol)
         sol = _explained(target, x0, _run_fixed(*run), save_every, drift_tol, note)
         if accuracy_tol is not None:

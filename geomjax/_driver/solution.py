@@ -150,7 +150,7 @@ def raise_if_failed(sol: Solution) -> Solution:
     """
     status = known(sol.status)
     if status is not None:
-        if np.any(status != 0):
+        if (status != 0) if status.ndim == 0 else np.any(status != 0):
             raise IntegrationError(_message(sol, status), sol)
         return sol
     messages = [

@@ -68,6 +68,12 @@ def method_order(name: str) -> int:
     return _METHODS[name][1]
 
 
+def method_builder(name: str) -> Callable | None:
+    """The builder `field ↦ step` registered for `name` (None if there is none)."""
+    entry = _METHODS.get(name)
+    return None if entry is None else entry[0]
+
+
 def build_step(name: str, field):
     if name not in _METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {method_names()} or pass a diffrax solver")
