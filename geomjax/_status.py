@@ -63,7 +63,9 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
         "the state became non-finite after finite steps: the step is past the method's "
         "stability limit. For a feedback field with an explicit method the step must satisfy "
         "h·λ_max(L∇²V) < β, β = geomjax.stability_interval(method) (2 for Euler): lower dt "
-        "or the gains (geomjax.check_gains, geomjax.recommended_gains)"
+        "or the gains (geomjax.check_gains, geomjax.recommended_gains). With constraints it "
+        "can also be a constraint matrix that became singular along the run (or, for a chain's "
+        "tridiagonal one, solved without row exchanges, one whose elimination needs them)"
     )
     newton_failed = (
         "a Newton solve inside the step did not converge: the implicit equations have no "
