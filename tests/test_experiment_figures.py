@@ -49,12 +49,18 @@ SAME_FIGURE_CODE = {
 }
 
 
+# Slow quick runs (15-26 s each on 2 cores) whose experiments' numbers are asserted by their
+# own tests (test_dirac_experiments, test_nonholonomic*, test_dirac, test_lagrange_dalembert_field),
+# and whose figure code is like that of experiments drawn here: figures checked by the extended job.
+SLOW_FIGURES = {"pendulum-dirac", "nonholonomic-oscillator", "ziegler-bifurcation", "damped-foucault"}
+
+
 def _params():
     for name in experiments():
         if name in CHECKED_ELSEWHERE:
             continue
         marks = [pytest.mark.xfail(reason=KNOWN[name], strict=False)] if name in KNOWN else []
-        if name in SAME_FIGURE_CODE:
+        if name in SAME_FIGURE_CODE or name in SLOW_FIGURES:
             marks.append(pytest.mark.extended)
         yield pytest.param(name, marks=marks, id=name)
 

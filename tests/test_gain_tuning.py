@@ -201,6 +201,7 @@ def test_gradient_of_the_objective_against_finite_differences(double_pendulum):
         np.testing.assert_allclose(np.asarray(grad), np.asarray(fd), rtol=2e-5, atol=1e-5 * np.abs(fd).max())
 
 
+@pytest.mark.extended  # 17 s; the gradient against finite differences stays in the default run
 def test_forward_and_reverse_mode_give_the_same_gradient(double_pendulum):
     """tune_gains' two ways of differentiating the penalised objective (the stability
     scaling active for the vector gains: h·λ past the bound at these gains)."""
