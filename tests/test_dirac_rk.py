@@ -243,6 +243,8 @@ def _loss(x0, g, h, tableau):
     return jnp.sum(sol.xs[-1] * jnp.array([1.0, 2.0, -0.5, 0.3]))
 
 
+# 12 s; the default run differentiates Dirac-RK through tests/test_closures.py (dirac_rk)
+@pytest.mark.extended
 @pytest.mark.parametrize("tableau", ["lobatto_iiia_iiib"])
 def test_gradients_against_finite_differences(tableau):
     x0 = jnp.array([0.6, -0.8, 0.4, 0.3])  # |q| = 1, q·p = 0

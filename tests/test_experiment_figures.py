@@ -49,10 +49,13 @@ SAME_FIGURE_CODE = {
 }
 
 
-# Slow quick runs (15-26 s each on 2 cores) whose experiments' numbers are asserted by their
-# own tests (test_dirac_experiments, test_nonholonomic*, test_dirac, test_lagrange_dalembert_field),
+# Slow quick runs (10-26 s each on 2 cores) whose experiments' numbers are asserted by their
+# own tests (test_dirac_experiments, test_nonholonomic*, test_dirac, test_lagrange_dalembert_field,
+# test_nonholonomic_models),
 # and whose figure code is like that of experiments drawn here: figures checked by the extended job.
-SLOW_FIGURES = {"pendulum-dirac", "nonholonomic-oscillator", "ziegler-bifurcation", "damped-foucault"}
+SLOW_FIGURES = {
+    "pendulum-dirac", "nonholonomic-oscillator", "ziegler-bifurcation", "ziegler-column", "damped-foucault", "vertical-disk",
+}
 
 
 def _params():
