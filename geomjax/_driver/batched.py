@@ -208,8 +208,10 @@ class BatchedStep(AbstractStep):
             # XLA cannot write in place into the loop's rows: on a GPU every step then
             # copied each row once more and split into several kernels (measured on an
             # H100: 8.5e9 against 1.1e11 trajectory-steps/s for pendulum Euler).
-            member_fn = functools.partial(scalar_graph, member_fn, warn=False)
-        out = jax.vmap(member_fn, in_axes=in_axes, out_axes=vmap_axes, axis_size=self.size)(
+            stepped = functools.partial(scalar_graph, member_fn, warn=False)
+        else:
+            stepped = member_fn
+        out = jax.vmap(stepped, in_axes=in_axes, out_axes=vmap_axes, axis_size=self.size)(
             leaves, *[l for l, _ in arg_leaves]
         )
         out = tuple(v if spec is None else Rows(v, spec) for v, spec in zip(out, out_specs))
