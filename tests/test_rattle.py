@@ -286,32 +286,3 @@ def test_tridiagonal_plan_only_for_tridiagonal_patterns_and_its_example():
     assert plan is not None and plan.seeds.shape == (3, 6)
     result = doctest.testmod(banded)
     assert result.attempted > 0 and result.failed == 0
-
-
-def test_the_fast_loop_variant_keeps_the_full_steps_results_and_statuses():
-    """`integrate` runs RATTLE's fast variant (the written-out Newton iterations and their
-    check, no fallback loop) and recomputes a block where the check fails with the full
-    step: at a step size where two iterations are not enough (the fallback needed) and at
-    one where the full step fails too, the run equals a scan of the full step."""
-    fast = RATTLE.fast_variant()
-    assert fast.newton.then_loop is False and RATTLE.newton.then_loop is True
-    x0 = X0.at[3:].multiply(3.0)
-
-    def scanned(h, steps):
-        def body(z, _):
-            z1, result = RATTLE.advance(0.0, z, h, None)
-            return z1, result._value
-        end, codes = jax.lax.scan(body, RATTLE.split(x0), None, length=steps)
-        return RATTLE.merge(end), codes
-
-    for h, expect_ok in ((0.05, True), (0.9, False)):
-        # the fast variant alone fails somewhere at h = 0.05: the fallback was needed
-        _, fast_result = fast.advance(0.0, RATTLE.split(x0), h, None)
-        sol = geomjax.integrate(RATTLE, x0, dt=h, steps=8, save_every=4, throw=False, drift_tol=None)
-        end, codes = scanned(h, 8)
-        if expect_ok:
-            assert bool(fast_result == NEWTON_FAILED) and int(sol.status) == 0
-            np.testing.assert_allclose(np.asarray(sol.xs[-1]), np.asarray(end), rtol=0, atol=1e-14)
-        else:
-            first = int(np.argmax(np.asarray(codes) != 0)) + 1  # steps are counted from 1
-            assert int(sol.status) != 0 and int(sol.failed_step) == first, (int(sol.status), int(sol.failed_step), first)

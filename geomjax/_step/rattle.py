@@ -17,8 +17,6 @@ then come from three Jacobian-vector products with coloured seeds instead of k, 
 solved in O(k) (`geomjax._solve.banded`). Other patterns keep the dense path.
 """
 
-import dataclasses
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -118,16 +116,6 @@ class Rattle(SystemStep):
 
     def check(self, x0) -> None:
         check_holonomic_start(self.system, x0, need_separable=self.separable)
-
-    def fast_variant(self):
-        # In the driver's fast loop: the written-out Newton iterations and their check,
-        # without the fallback loop. A step whose check fails reports `newton_failed`, and
-        # the driver recomputes its block with this step (fallback included), so results
-        # and statuses are this step's. The fallback, even where it never runs, costs the
-        # loop a conditional that splits the fused step (measured 1.4–1.7× the hand step).
-        if self.newton.iterations is None or not self.newton.then_loop:
-            return self
-        return dataclasses.replace(self, newton=dataclasses.replace(self.newton, then_loop=False))
 
     def _solve(self, fn, guess):
         return self.newton.solve(fn, guess)
