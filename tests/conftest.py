@@ -85,3 +85,16 @@ def spherical_quantities(x, m=1.0, g=1.0):
     h = jnp.sum(p * p, axis=-1) / (2 * m) + m * g * q[..., 2]
     j = q[..., 0] * p[..., 1] - q[..., 1] * p[..., 0]
     return jnp.stack([f1, f2, h, j], axis=-1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Each test module's compiled programs are dropped when it ends (JAX's in-memory caches
+    and the simplification pass's plans): an xdist worker otherwise holds every program of
+    every module it ran (measured 2.7–5.2 GB per worker over the suite). Programs a later
+    module needs again load from the persistent compilation cache above."""
+    yield
+    jax.clear_caches()
+    from geomjax.internal import simplify
+
+    simplify.clear_cache()
