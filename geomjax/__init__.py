@@ -78,6 +78,7 @@ from ._step.implicit_rk import (  # importing registers "implicit_midpoint", "ga
     GAUSS2 as GAUSS2,
     GAUSS4 as GAUSS4,
     GAUSS6 as GAUSS6,
+    GAUSS8 as GAUSS8,
     IMPLICIT_MIDPOINT as IMPLICIT_MIDPOINT,
     TRAPEZOIDAL as TRAPEZOIDAL,
     ImplicitTableau as ImplicitTableau,

@@ -26,6 +26,7 @@ TABLEAUX = {
     "implicit_midpoint": geomjax.IMPLICIT_MIDPOINT,
     "gauss4": geomjax.GAUSS4,
     "gauss6": geomjax.GAUSS6,
+    "gauss8": geomjax.GAUSS8,
     "trapezoidal": geomjax.TRAPEZOIDAL,
 }
 
@@ -33,20 +34,20 @@ TABLEAUX = {
 @pytest.mark.parametrize("name", list(TABLEAUX))
 def test_orders_on_a_nonlinear_pendulum(name):
     step = geomjax.implicit_rk(FIELD_1DOF, TABLEAUX[name])
-    ns = (10, 20, 40, 80) if name != "gauss6" else (4, 8, 16, 32)
+    ns = {"gauss6": (4, 8, 16, 32), "gauss8": (3, 4, 5, 6)}.get(name, (10, 20, 40, 80))
     fit = measured_order(step, X0_1DOF, one_dof_reference(), ns=ns)
     assert abs(fit.order - geomjax.method_order(name)) <= 0.3, fit
     assert geomjax.method_order(name) == TABLEAUX[name].order
 
 
 def test_registered_names_run_through_integrate():
-    assert {"implicit_midpoint", "gauss2", "gauss4", "gauss6", "trapezoidal"} <= set(geomjax.method_names())
+    assert {"implicit_midpoint", "gauss2", "gauss4", "gauss6", "gauss8", "trapezoidal"} <= set(geomjax.method_names())
     sol = geomjax.integrate(FIELD_1DOF, X0_1DOF, dt=0.1, steps=10, save_every=10, method="gauss4")
     x, _ = diagnostics.final_state(geomjax.implicit_rk(FIELD_1DOF, geomjax.GAUSS4), X0_1DOF, 0.1, 10)
     np.testing.assert_allclose(sol.xs[-1], x, atol=1e-14)
 
 
-@pytest.mark.parametrize("tableau", [geomjax.GAUSS2, geomjax.GAUSS4, geomjax.GAUSS6], ids=["g2", "g4", "g6"])
+@pytest.mark.parametrize("tableau", [geomjax.GAUSS2, geomjax.GAUSS4, geomjax.GAUSS6, geomjax.GAUSS8], ids=["g2", "g4", "g6", "g8"])
 def test_gauss_is_symplectic(tableau):
     step = GAUSS4_HH if tableau is geomjax.GAUSS4 else geomjax.implicit_rk(FIELD_HH, tableau)
     defect = float(diagnostics.symplecticity_defect(step, X0_HH, 0.3))

@@ -36,10 +36,10 @@ class FixedPoint(eqx.Module):
     ```python
     >>> import jax.numpy as jnp
     >>> from geomjax._solve.fixed_point import FixedPoint
-    >>> res = FixedPoint().solve(lambda z: z - 0.5 * jnp.cos(z), jnp.array([0.0]))
+    >>> res = FixedPoint().solve(lambda z: 0.5 * jnp.cos(z), jnp.array([0.0]))
     >>> print(f"{float(res.value[0]):.12f}", bool(res.converged))
     0.450183611295 True
-    >>> bool(FixedPoint().solve(lambda z: z - 3.0 * jnp.cos(z), jnp.array([0.0])).converged)
+    >>> bool(FixedPoint().solve(lambda z: 3.0 * jnp.cos(z), jnp.array([0.0])).converged)
     False
 
     ```
@@ -60,10 +60,12 @@ class FixedPoint(eqx.Module):
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise ValueError(f"FixedPoint max_steps must be an integer >= 1, got {self.max_steps!r}")
 
-    def solve(self, residual: Callable, guess, *, fallback: Callable | None = None, carried=()) -> NewtonResult:
-        """Solve `residual(Z) = 0`, where `residual(Z) = Z − Φ(Z)`, by Z ← Z − residual(Z).
+    def solve(self, phi: Callable, guess, *, fallback: Callable | None = None, carried=()) -> NewtonResult:
+        """Solve Z = Φ(Z) by Z ← Φ(Z), for `phi` = Φ (a map of pytrees like `guess`).
 
-        `fallback(guess, *carried) ↦ (value, converged)`: run where the iteration failed (a
+        The root is that of the residual Z − Φ(Z), and derivatives go through it (implicit
+        function theorem), not through the sweeps. `fallback(guess, *carried) ↦ (value,
+        converged)`: run where the iteration failed (a
         non-contracting or non-finite iteration, or `max_steps` spent), from `guess`; in a
         loop that runs at most once, so under `vmap` it costs nothing unless a member needs
         it. Whatever the fallback computes from values other than its arguments is
@@ -73,19 +75,22 @@ class FixedPoint(eqx.Module):
         """
         flat_guess, unravel = ravel_pytree(guess)
 
-        def flat_residual(y):
-            return ravel_pytree(residual(unravel(y)))[0]
+        def flat_phi(y):
+            return ravel_pytree(phi(unravel(y)))[0]
 
-        def iterate(g, y0):
+        def flat_residual(y):
+            return y - flat_phi(y)
+
+        def iterate(_, y0):
+            # Sweeps of Φ itself (one vector operation fewer per sweep than y − residual(y)).
             def cond(c):
                 _, k, done, _, _ = c
                 return (k < self.max_steps) & ~done
 
             def body(c):
                 y, k, _, _, previous = c
-                dy = g(y)
-                y_new = y - dy
-                size = jnp.max(jnp.abs(dy))  # NaN or inf when y_new is not finite
+                y_new = flat_phi(y)
+                size = jnp.max(jnp.abs(y_new - y))  # NaN or inf when y_new is not finite
                 small = size <= self.atol + self.rtol * jnp.max(jnp.abs(y_new))
                 # not contracting (or not finite: NaN compares false)
                 stalled = (k >= self.patience) & ~(size < previous)

@@ -10,7 +10,7 @@ starting from the predictor Zᵢ = cᵢ h X(x), by the fixed-point iteration Z �
 iteration of `geomjax.Newton` (one Jacobian J = X'(x) per step, the matrix I − h A⊗J
 reused by every iteration); stages whose row of A is
 zero (the first stage of the trapezoidal rule) are explicit and not unknowns. Gauss–
-Legendre methods (s = 1, 2, 3: orders 2, 4, 6) are symplectic and symmetric, and conserve
+Legendre methods (s = 1, 2, 3, 4: orders 2, 4, 6, 8) are symplectic and symmetric, and conserve
 every quadratic first integral exactly; the trapezoidal rule is order 2 and symmetric, not
 symplectic (it is conjugate to the implicit midpoint rule).
 """
@@ -26,6 +26,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._field.base import AbstractField, as_field
 from .methods import register_method
+from .partitioned_tableau import collocation, gauss_nodes
 from .._solve.fixed_point import SOLVERS, FixedPoint
 from .._solve.newton import Newton, as_newton
 from .base import FieldStep, newton_status
@@ -94,6 +95,14 @@ GAUSS6 = ImplicitTableau(
     order=6,
     symplectic=True,
 )
+#: 4-stage Gauss–Legendre, order 8, symplectic; coefficients from the collocation
+#: conditions at the zeros of P₄(2x − 1) (no closed form typed in).
+GAUSS8 = ImplicitTableau(
+    a=tuple(tuple(float(v) for v in row) for row in collocation(gauss_nodes(4))[0]),
+    b=tuple(float(v) for v in collocation(gauss_nodes(4))[1]),
+    order=8,
+    symplectic=True,
+)
 #: Trapezoidal rule (2-stage Lobatto IIIA), order 2, not symplectic.
 TRAPEZOIDAL = ImplicitTableau(a=((0.0, 0.0), (0.5, 0.5)), b=(0.5, 0.5), order=2, symplectic=False)
 
@@ -150,13 +159,13 @@ class ImplicitRungeKutta(FieldStep):
                 slopes.append(k_start if e else self.field.rhs(t + tab.c[i] * h, _add(z, next(it)), args))
             return slopes
 
-        def residual(increments, z=z):
+        def phi(increments, z=z):
+            """Φ(Z)ᵢ = h Σⱼ aᵢⱼ X(x + Zⱼ) for the implicit stages: the stages solve Z = Φ(Z)."""
             slopes = stage_slopes(increments, z)
-            out = []
-            for zi, i in zip(increments, implicit):
-                combo = _weighted(h, tab.a[i], slopes)
-                out.append(jax.tree_util.tree_map(jnp.subtract, zi, combo))
-            return tuple(out)
+            return tuple(_weighted(h, tab.a[i], slopes) for i in implicit)
+
+        def residual(increments, z=z):
+            return jax.tree_util.tree_map(jnp.subtract, increments, phi(increments, z))
 
         c = tab.c
         guess = tuple(jax.tree_util.tree_map(lambda k, ci=c[i]: ci * h * k, k_start) for i in implicit)
@@ -182,7 +191,7 @@ class ImplicitRungeKutta(FieldStep):
             fallback = None
             if self.solver == "auto":
                 fallback = lambda start, z: (lambda r: (r.value, r.converged))(newton(start, z))  # noqa: E731
-            res = self.fixed_point.solve(residual, guess, fallback=fallback, carried=(z,))
+            res = self.fixed_point.solve(phi, guess, fallback=fallback, carried=(z,))
         z1 = _add(z, _weighted(h, tab.b, stage_slopes(res.value)))
         return z1, newton_status(res.converged)
 
@@ -213,10 +222,11 @@ def implicit_rk(
     Derivatives of x₁ are exact, by the implicit function theorem, whichever solver ran.
     A stage solve that does not converge gives the step status `RESULTS.newton_failed`.
 
-    Tableaux: `GAUSS2` (= `IMPLICIT_MIDPOINT`), `GAUSS4`, `GAUSS6` (Gauss–Legendre with 1, 2,
-    3 stages; orders 2, 4, 6; symplectic for Hamiltonian fields), `TRAPEZOIDAL` (order 2).
-    The same methods are available as `geomjax.integrate(field, ..., method=NAME)` with
-    NAME in "implicit_midpoint", "gauss2", "gauss4", "gauss6", "trapezoidal".
+    Tableaux: `GAUSS2` (= `IMPLICIT_MIDPOINT`), `GAUSS4`, `GAUSS6`, `GAUSS8` (Gauss–Legendre
+    with 1, 2, 3, 4 stages; orders 2, 4, 6, 8; symplectic for Hamiltonian fields),
+    `TRAPEZOIDAL` (order 2). The same methods are available as
+    `geomjax.integrate(field, ..., method=NAME)` with NAME in "implicit_midpoint", "gauss2",
+    "gauss4", "gauss6", "gauss8", "trapezoidal".
 
     **Arguments:**
 
@@ -251,4 +261,5 @@ register_method("implicit_midpoint", lambda f: implicit_rk(f, GAUSS2), 2)
 register_method("gauss2", lambda f: implicit_rk(f, GAUSS2), 2)
 register_method("gauss4", lambda f: implicit_rk(f, GAUSS4), 4)
 register_method("gauss6", lambda f: implicit_rk(f, GAUSS6), 6)
+register_method("gauss8", lambda f: implicit_rk(f, GAUSS8), 8)
 register_method("trapezoidal", lambda f: implicit_rk(f, TRAPEZOIDAL), 2)
