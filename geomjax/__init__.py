@@ -127,7 +127,7 @@ from ._analysis.taylor import (
     taylor_coefficients as taylor_coefficients,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name):

@@ -1,4 +1,4 @@
-"""The README's "What happens with bad input" table, one test per row.
+"""The "What happens with bad input" table of docs/guide/bad_input.md, one test per row.
 
 Each row is (input class, public function, what happens). What happens is either an
 exception (type and a pattern of its message) or, for runs that cannot raise (inside

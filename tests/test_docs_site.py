@@ -2,8 +2,7 @@
 
 One build (a subprocess, into a temporary directory) is shared by the tests of this
 module; mkdocs, mkdocs-material and mkdocstrings[python] are in the `test` extra. Strict mode turns every warning into an error: a broken link or anchor, a name
-mkdocstrings cannot resolve, a README section or benchmark file a page includes that no
-longer exists.
+mkdocstrings cannot resolve, a snippet or notebook a page includes that no longer exists.
 """
 
 import html
@@ -22,7 +21,7 @@ import pytest
 import geomjax
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HOOK = ROOT / "docs" / "hooks" / "readme_sections.py"
+HOOK = ROOT / "docs" / "hooks" / "experiments.py"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
@@ -52,7 +51,7 @@ def _object_html(page, anchor):
 
 
 def _load_hook():
-    spec = importlib.util.spec_from_file_location("readme_sections", HOOK)
+    spec = importlib.util.spec_from_file_location("experiments_hook", HOOK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -95,17 +94,35 @@ def test_every_public_name_has_an_api_entry(site, module):
     assert not missing, f"public names of {module.__name__} without an API entry: {missing}"
 
 
-def test_readme_sections_are_included(site):
-    """The bad-input and performance pages carry every row of the README's tables."""
-    hook = _load_hook()
-    for title, page in [("What happens with bad input", "guide/bad_input"), ("Performance", "performance")]:
-        rows = [line for line in hook.readme_section(title).splitlines() if line.startswith("| ") and "---" not in line]
-        assert len(rows) > 5
+def _table_rows(markdown):
+    return [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def test_tables_render_every_row(site):
+    """The bad-input, performance and experiments pages show every row of their tables."""
+    for source, page in [("guide/bad_input.md", "guide/bad_input"), ("performance.md", "performance"), ("experiments.md", "experiments")]:
+        rows = _table_rows((ROOT / "docs" / source).read_text(encoding="utf-8"))
+        assert len(rows) > 5, source
         built = _page(site, page)
-        assert built.count("<tr>") >= len(rows), (title, built.count("<tr>"), len(rows))
+        assert built.count("<tr>") >= len(rows), (source, built.count("<tr>"), len(rows))
         # pipes escaped in table code spans (`max\\|x0\\|`) show as on GitHub
         assert not any("\\|" in code for code in re.findall(r"<code>(.*?)</code>", built, re.S))
     assert "<code>start_tol·(1 + max|x0|)</code>" in _page(site, "guide/status")
+
+
+def test_notebooks_are_rendered_as_examples(site):
+    """Every notebook in notebooks/ is a page of the Examples section, with its outputs."""
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert len(notebooks) >= 8
+    for name in notebooks:
+        page = _page(site, f"examples/{name}")
+        assert "jp-OutputArea" in page or "output_png" in page or "<img" in page, name
+
+
+def test_changelog_and_citation():
+    assert "--8<-- \"CHANGELOG.md\"" in (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8")
+    cff = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    assert "cff-version:" in cff and "Feedback integrators for mechanical systems with holonomic constraints" in cff
 
 
 def test_experiments_page_lists_every_experiment_with_its_figures(site):
@@ -117,29 +134,28 @@ def test_experiments_page_lists_every_experiment_with_its_figures(site):
         assert (site / "experiments" / src).resolve().is_file(), src
 
 
-def test_readme_section_ignores_code_and_rejects_unknown_titles():
+def test_experiment_rows_come_from_the_page():
     hook = _load_hook()
-    lines = hook.readme_section("Usage", page_level=1).splitlines()
-    # sub-headings move up below the page's own heading (### -> ##); a comment line
-    # starting with '#' inside a fenced block is not a heading and stays as it is
-    assert "## What `integrate` takes" in lines and "### What `integrate` takes" not in lines
-    assert any(line.startswith("# Y = X - grad V") for line in lines)
-    with pytest.raises(KeyError, match="no section 'Nonexistent'"):
-        hook.readme_section("Nonexistent")
+    rows = hook.experiment_rows("| name | what |\n|---|---|\n| `a`, `b` | text with `code \\| pipe` |\n")
+    assert rows == {"a": "text with `code \\| pipe`", "b": "text with `code \\| pipe`"}
 
 
 _FENCE = re.compile(r"```python\n(.*?)```", re.S)
-_DOC_BLOCKS = [
-    (path.relative_to(ROOT).as_posix(), index, code)
+_DOC_PAGES = {
+    path.relative_to(ROOT).as_posix(): _FENCE.findall(path.read_text(encoding="utf-8"))
     for path in sorted((ROOT / "docs").rglob("*.md"))
-    for index, code in enumerate(_FENCE.findall(path.read_text(encoding="utf-8")))
-]
+}
+_DOC_PAGES = {page: blocks for page, blocks in _DOC_PAGES.items() if blocks}
 
 
-@pytest.mark.parametrize("page, index, code", _DOC_BLOCKS, ids=[f"{p}:{i}" for p, i, _ in _DOC_BLOCKS])
-def test_docs_python_blocks_run(page, index, code):
-    """Every ```python block of the pages under docs/ runs (README blocks: test_readme.py)."""
-    exec(compile(code, f"<{page} python block {index}>", "exec"), {"__name__": "__docs__"})
+@pytest.mark.parametrize("page", list(_DOC_PAGES))
+def test_docs_python_blocks_run(page):
+    """The ```python blocks of each page under docs/ run, in order, in one namespace (a
+    page's later blocks go on from its earlier ones, as a reader does; README blocks:
+    test_readme.py)."""
+    namespace = {"__name__": "__docs__"}
+    for index, code in enumerate(_DOC_PAGES[page]):
+        exec(compile(code, f"<{page} python block {index}>", "exec"), namespace)
 
 
 def test_generate_figures_shrinks_pngs(tmp_path):

@@ -197,7 +197,7 @@ def test_rows_in_chunks_and_long_runs_equal_one_program():
 
 
 def test_the_library_ships_no_pallas_kernel():
-    """The sweep runs one loop, a `lax.scan` (README, "No Pallas loop"). A Pallas kernel
+    """The sweep runs one loop, a `lax.scan` (docs/howto/sweeps.md, "No Pallas loop"). A Pallas kernel
     added later needs a CPU test of its Triton lowering (`jax.export` for
     `platforms=["cuda"]` with `pallas.triton.CompilerParams`) beside this one."""
     import pathlib

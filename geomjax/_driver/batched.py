@@ -14,7 +14,7 @@ The three layouts of the state inside the loop:
   of a derived field (the simplified expression graph of `geomjax.internal.simplify`)
   become operations on contiguous vectors and XLA's GPU loop reads and writes each row
   once per fused kernel: the layout GPUs need (measured on an H100, six rows ran the
-  spherical-pendulum feedback Euler 11× faster than (3, B) pieces; README).
+  spherical-pendulum feedback Euler 11× faster than (3, B) pieces; docs/performance.md).
 - **component-major pieces** (`axis=-1`): (3,) becomes (3, B), carried as such.
 
 At the driver's boundary a flat batch of states is always (n, B) (entries, members), so the

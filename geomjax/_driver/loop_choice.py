@@ -1,6 +1,6 @@
 """What `geomjax.sweep(layout="auto", unroll="auto")` picks, per platform and per step.
 
-The choice follows what `benchmarks/sweep_throughput.py` measured (README, "Sweeps on a
+The choice follows what `benchmarks/sweep_throughput.py` measured (docs/performance.md, "Sweeps on a
 GPU"; H100, JAX 0.11.2, float64, B = 10⁶, the driver's per-step finite mark included;
 `benchmarks/sweep_throughput_gpu_results.txt`):
 

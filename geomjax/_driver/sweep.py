@@ -29,7 +29,7 @@ from .sweep_result import SweepResult
 #: Members per compiled chunk when `chunk_size` is not given.
 DEFAULT_CHUNK = 1 << 20
 # Below this many members a GPU is slower than the CPU: a GPU step costs a kernel launch
-# whatever the batch (benchmarks/sweep_throughput.py; README).
+# whatever the batch (benchmarks/sweep_throughput.py; docs/performance.md).
 _GPU_MIN_MEMBERS = 4096
 # Layout name ↦ (member axis, carried as rows): `batched.py`.
 _LAYOUTS = {"batch": (0, False), "component": (-1, True), "component-pieces": (-1, False)}
@@ -292,7 +292,7 @@ def sweep(
     - `layout`: `"batch"`, `"component"` (one (B,) array per scalar of the state in the
       loop), `"component-pieces"` (the pieces as (n, B) arrays) or `"auto"`: batch-major
       on the CPU; on a GPU `"component"`, or `"component-pieces"` for explicit steps with
-      transcendental functions (README, "Sweeps on a GPU", says what was measured).
+      transcendental functions (docs/performance.md, "Sweeps on a GPU", says what was measured).
     - `unroll`: steps per iteration of the compiled loop (`"auto"`: 1 on the CPU; on a
       GPU by the step's cost: 8 for a cheap explicit step such as Euler on a small field,
       4 for a few evaluations, 1 for RK4-sized steps and for steps with a solve).
