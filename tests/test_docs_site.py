@@ -134,6 +134,21 @@ def test_experiments_page_lists_every_experiment_with_its_figures(site):
         assert (site / "experiments" / src).resolve().is_file(), src
 
 
+def test_api_arguments_are_tables(site):
+    """The API pages show `**Arguments:**` lists as name/description tables."""
+    body = _object_html(_page(site, "api/driver"), "geomjax.integrate")
+    assert 'class="parameter-table"' in body and "<td><code>x0</code></td>" in body
+    spec = importlib.util.spec_from_file_location("parameter_tables", ROOT / "docs" / "hooks" / "parameter_tables.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook.parameter_table("Arguments", "<li><code>a</code>, <code>b</code>: two</li>").count("<tr>") == 2
+    assert hook.parameter_table("Arguments", "<li>free text, no name</li>") is None  # left as a list
+
+
+def test_internal_members_are_not_documented(site):
+    assert "from_chunks" not in _page(site, "api/driver")
+
+
 def test_experiment_rows_come_from_the_page():
     hook = _load_hook()
     rows = hook.experiment_rows("| name | what |\n|---|---|\n| `a`, `b` | text with `code \\| pipe` |\n")

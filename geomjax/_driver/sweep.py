@@ -409,7 +409,7 @@ def sweep(
             options = (method, is_step, steps // save_every, save_every, checkpoint, start_tol, drift_tol, unroll)
             ts, piece = compiled_call(_runs_in_vmap, options, build, members, dt, t0, args)
         pieces.append(_gathered(piece))
-    return SweepResult.from_chunks(
+    return SweepResult._from_chunks(
         grid, pieces, ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,
         layout=layout, unroll=unroll, build=build, drift_tol=drift_tol, start_tol=start_tol, devices=n_devices,
         quantity_labels=[list(labels[0]), list(labels[1])],

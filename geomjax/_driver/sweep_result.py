@@ -69,7 +69,7 @@ class SweepResult(eqx.Module):
     definition: str = eqx.field(static=True)
 
     @classmethod
-    def from_chunks(cls, grid: Grid, pieces, ts, **definition):
+    def _from_chunks(cls, grid: Grid, pieces, ts, **definition):
         """Assemble per-chunk outputs `(xs, status, failed_step, num_steps, inv_err, res_err)`,
         members first, into arrays shaped like the grid (the last chunk's padding dropped)."""
         size, shape = grid.size, grid.shape
