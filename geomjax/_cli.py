@@ -88,6 +88,7 @@ def _error(message: str) -> int:
 
 def _run_one(name: str, out: pathlib.Path, progress: bool, quick: bool, options: dict) -> None:
     from .experiments import reproduce
+    from .experiments._columns import format_legend
     from .experiments._common import format_table
 
     print(f"reproducing {name!r} into {out}/ ...", flush=True)
@@ -97,6 +98,9 @@ def _run_one(name: str, out: pathlib.Path, progress: bool, quick: bool, options:
     if metrics.get("summary"):
         print()
         print(format_table(metrics["summary"]))
+        print()
+        print("columns:")
+        print(format_legend(metrics["summary"]))
         print()
     print(f"metrics: {out / f'{name}.json'}")
     print(f"arrays:  {out / metrics['arrays']}")

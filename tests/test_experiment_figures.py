@@ -14,6 +14,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from geomjax.experiments import experiments, reproduce
+from geomjax.experiments._columns import columns_of, missing_legends
 from geomjax.experiments._figure_check import figure_problems
 
 # Experiments whose figures fail a check, in files owned elsewhere (fixed there): the
@@ -76,6 +77,9 @@ def test_quick_run_figures_are_readable(name, tmp_path):
         check(metrics)
     stored = json.loads((tmp_path / f"{name}.json").read_text())
     assert stored["quick"] is True and stored["arrays"] == f"{name}.npz"
+    if metrics.get("summary"):  # every column explained, in the JSON too (tests/test_table_legends.py)
+        assert missing_legends(metrics["summary"]) == []
+        assert list(stored["columns"]) == columns_of(metrics["summary"])
     pngs = sorted(p.stem for p in tmp_path.glob("*.png"))
     assert pngs, "no figure written"
     with np.load(tmp_path / f"{name}.npz") as arrays:

@@ -245,6 +245,10 @@ def reproduce(name: str, out_dir="results", progress: bool = False, *, quick: bo
     }
     if check_figures:
         metrics["figure_problems"] = problems
+    if metrics.get("summary"):
+        from ._columns import legends
+
+        metrics["columns"] = legends(metrics["summary"])  # what each summary column means
     save_json(out / f"{name}.json", metrics)
     return metrics
 

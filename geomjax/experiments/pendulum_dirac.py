@@ -250,8 +250,8 @@ def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_p
         {
             "method": name,
             "max error": table[name],
-            "seed": SEED_TABLE.get(name, float("nan")),
-            "ratio to seed": table[name] / SEED_TABLE[name] if name in SEED_TABLE else float("nan"),
+            "paper": SEED_TABLE.get(name, float("nan")),
+            "ratio to paper": table[name] / SEED_TABLE[name] if name in SEED_TABLE else float("nan"),
             "error at end": table_end[name],
             "turns over top": _turns_over_the_top(runs[name]),
             "order": measured.get(name, float("nan")),
