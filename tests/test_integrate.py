@@ -161,10 +161,13 @@ def test_integrate_under_jit_and_vmap_over_initial_states(spherical, spherical_d
     assert len({float(v) for v in out[:, 2]}) == 4
 
 
-def test_progress_and_checkpoint_options_do_not_change_the_result(spherical, spherical_dirac):
+def test_progress_and_checkpoint_options_do_not_change_the_result(spherical, spherical_dirac, capsys):
     kw = dict(dt=0.01, steps=200, method="euler", save_every=5, drift_tol=None)
     base = geomjax.integrate(spherical_dirac, spherical.x0, **kw)
-    chunked = geomjax.integrate(spherical_dirac, spherical.x0, progress=True, **kw)
+    chunked = geomjax.integrate(spherical_dirac, spherical.x0, progress="my run", **kw)
+    # one bar, left on screen at 100 %
+    bars = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "my run" in line]
+    assert bars and "100%" in bars[-1]
     plain = geomjax.integrate(spherical_dirac, spherical.x0, checkpoint=False, **kw)
     np.testing.assert_array_equal(chunked.xs, base.xs)
     np.testing.assert_array_equal(chunked.ts, base.ts)

@@ -489,7 +489,8 @@ def _progress_bar(total: int, progress):
     from tqdm.auto import tqdm
 
     desc = progress if isinstance(progress, str) else "integrating"
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=False)
+    # kept when done: each run leaves one line that ends at 100 % (or where it stopped)
+    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
 def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):

@@ -73,10 +73,9 @@ def run_method(method: Method, setup, progress: bool = False, rerun_for_timing: 
     solution = _block(method.produce(setup, label))
     wall = time.perf_counter() - start
     run = None
-    if rerun_for_timing:
-        label = f"{method.name} (timing re-run)" if progress else False
+    if rerun_for_timing:  # no second progress bar: the run is the same
         start = time.perf_counter()
-        solution = _block(method.produce(setup, label))
+        solution = _block(method.produce(setup, False))
         run = time.perf_counter() - start
     return MethodRun(method, solution, wall, run)
 
