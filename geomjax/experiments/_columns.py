@@ -22,7 +22,8 @@ LEGENDS: dict[str, str] = {
     "status": "how the run ended: success, or the status and the step where it stopped",
     "default check": (
         "what the default monitoring (drift_tol = 1e-2) reports for this run: ok, or the status and step where a "
-        "default run stops (comparison runs are made with drift_tol=None so their curves are complete)"
+        "default run stops (comparison runs are made with drift_tol=None so their curves are complete); "
+        "'-' where it was not replayed (the step-size sweeps replay it at one h per method)"
     ),
     "failed": "number of runs that failed (non-finite, or a failed Newton solve)",
     "unstable": "number of runs past the method's stability bound (non-finite or diverged)",

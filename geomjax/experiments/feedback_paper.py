@@ -534,7 +534,8 @@ def run_setup(setup: Setup, out_dir: pathlib.Path, progress: bool, hs=None, t_fi
     for row in runs:
         if np.isclose(row["h"], trace_h):
             row["default check"] = checks[row["method"]]
-    summary = [{**row, "default check": row.get("default check", "")} for row in runs]
+    # the default check is replayed on the traced runs only (one h per method): "-" elsewhere
+    summary = [{**row, "default check": row.get("default check", "-")} for row in runs]
     return {
         "setup": {
             "model": model.name,
