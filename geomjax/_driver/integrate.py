@@ -675,6 +675,43 @@ def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str)
     return _with_detail(sol, detail)
 
 
+def _with_gain_cause(sol: Solution, field, x0, dt, method: str) -> Solution:
+    """`sol`, with `detail.cause` saying so where a failed run of a feedback field had
+    h·λ_max(L∇²V)(x0) at or past the stability bound β of its explicit method (the gains,
+    the bound and `geomjax.recommended_gains`). Only for a run that failed outside jit
+    (status, x0 and dt known), one state and one step size."""
+    from .._field.feedback import AbstractFeedbackField
+
+    status = known(sol.status)
+    if (
+        status is None
+        or np.ndim(status) != 0
+        or int(status) == OK
+        or not isinstance(field, AbstractFeedbackField)
+        or not is_concrete((x0, dt, field))
+        or np.ndim(dt) != 0
+    ):
+        return sol
+    from .._tuning.stability import check_gains
+
+    try:
+        check = check_gains(field, x0, float(dt), str(method), warn=False)
+    except (ValueError, TypeError):
+        return sol  # rates not finite at x0, or a method without a stability interval
+    if check.stability_fraction < 1.0:
+        return sol
+    gains = np.asarray(field.gains)
+    shown = f"{gains.flat[0]:.4g}" if gains.ndim == 1 and np.all(gains == gains.flat[0]) else np.array2string(gains, precision=4)
+    cause = (
+        f"Likely cause: the gains. With K = {shown}, h·λ_max(L∇²V) = {float(dt) * check.feedback_rate:.3g} at x0, "
+        f"past the stability bound β = {check.bound:.4g} of {str(method)!r} (explicit methods need "
+        f"h·λ_max < β); lower the gains by a factor ≥ {check.stability_fraction:.3g}, e.g. "
+        f"geomjax.recommended_gains(field, x0, dt, {str(method)!r}) (× {check.recommended_scale:.3g}), "
+        f"or build the field with geomjax.feedback_field(system, x0, dt={float(dt):.4g}, method={str(method)!r})"
+    )
+    return _with_detail(sol, dataclasses.replace(sol.detail, cause=cause))
+
+
 def _with_detail(sol: Solution, detail) -> Solution:
     """`dataclasses.replace(sol, detail=detail)`, through the pytree: a module's `__init__`
     costs a direct `integrate` call tens of µs more."""
@@ -870,6 +907,7 @@ def integrate(
         sol = _explained(target, x0, sol, save_every, drift_tol, note)
     else:
         accuracy_tol = _as_accuracy_tol(accuracy_tol, adaptive=False)
+        field = None if is_step else target
         if not is_step:
             if not isinstance(method, str):
                 raise TypeError(
@@ -882,6 +920,8 @@ def integrate(
             # The same run at dt/2: the same saves, twice the steps between them.
             half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, 2 * save_every, *run[7:])
             sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
+        if field is not None:
+            sol = _with_gain_cause(sol, field, x0, dt, method)
     if throw:
         sol = raise_if_failed(sol)
     return sol

@@ -320,10 +320,17 @@ def recommended_gains(
 
     ```
     """
+    return np.asarray(recommended_field(field, x0, dt, method)[0].gains)
+
+
+def recommended_field(field, x0, dt: float, method: str = "euler"):
+    """`(field with the recommended gains, GainCheck of the field as given)`: every gain
+    (K and an embedded group's k₀) times `GainCheck.recommended_scale`; what
+    `recommended_gains` and `feedback_field(..., dt=h)` use."""
     check = check_gains(field, x0, dt, method, warn=False)
     if not (math.isfinite(check.recommended_scale) and check.recommended_scale > 0):
         raise ValueError(
             f"no gains reach the rule of thumb here: λ_max(L∇²V) = {check.feedback_rate:.3g} and the dynamics' "
             f"rate ‖DX‖ = {check.dynamics_rate:.3g} at the initial states (scaling the gains cannot move a zero rate)"
         )
-    return np.asarray(field.gains) * check.recommended_scale
+    return scale_gains(field, check.recommended_scale), check
