@@ -59,3 +59,34 @@ def test_gains_past_the_stability_bound_are_named_as_the_likely_cause():
     sol = geomjax.integrate(Z, DOUBLE.x0, dt=1e-3, steps=100, method="euler", drift_tol=1e-12, throw=False)
     assert not bool(sol.ok)
     assert "Likely cause" not in sol.message
+
+
+# --- 3. the field of a System without constraints ----------------------------------------
+
+
+def _oscillator():
+    H = lambda x: 0.5 * x[1] ** 2 + 0.5 * x[0] ** 2
+    return geomjax.System(H, geomjax.canonical(1), integrals=lambda x: x[0] ** 2 + x[1] ** 2)
+
+
+def test_hamiltonian_vector_field_of_a_system_is_its_dirac_field():
+    system = _oscillator()
+    X = geomjax.hamiltonian_vector_field(system)
+    assert isinstance(X, geomjax.DiracField)
+    x = jnp.array([0.3, -1.2])
+    expected = geomjax.hamiltonian_vector_field(system.hamiltonian, system.structure)(x)
+    np.testing.assert_allclose(X(x), expected, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(X(x), [-1.2, -0.3], rtol=0, atol=1e-15)
+    # integrate monitors the system's integrals on it: a drift is reported by name
+    sol = geomjax.integrate(X, x, dt=0.1, steps=200, method="euler", throw=False)
+    assert sol.status_name == "invariant_drift"
+    assert "first integral" in sol.message
+
+
+def test_hamiltonian_vector_field_refuses_constrained_systems_and_bad_calls():
+    with pytest.raises(ValueError, match="dirac_field"):
+        geomjax.hamiltonian_vector_field(PENDULUM.system)
+    with pytest.raises(TypeError, match="pass no structure"):
+        geomjax.hamiltonian_vector_field(_oscillator(), geomjax.canonical(1))
+    with pytest.raises(TypeError, match=r"hamiltonian_vector_field\(H, geomjax.canonical\(n\)\)"):
+        geomjax.hamiltonian_vector_field(lambda x: x[0])
