@@ -447,6 +447,9 @@ def feedback_field(
 class ChosenGainsWarning(UserWarning):
     """`geomjax.feedback_field` chose the gains itself (from `dt`): the message says which."""
 
+    def __init__(self, message: str):  # a real signature (a built-in's has none)
+        super().__init__(message)
+
 
 def _with_chosen_gains(unit, x0, dt, method):
     """`unit` (a feedback field with gains 1) with its gains scaled by the rule of

@@ -23,6 +23,9 @@ from .._validate import check_step_size, known
 class FeedbackAccuracyWarning(UserWarning):
     """Feedback with a high-order method at gains that are expected to cost accuracy."""
 
+    def __init__(self, message: str):  # a real signature (a built-in's has none)
+        super().__init__(message)
+
 
 def _decay(x):
     return -x
