@@ -90,3 +90,21 @@ def test_hamiltonian_vector_field_refuses_constrained_systems_and_bad_calls():
         geomjax.hamiltonian_vector_field(_oscillator(), geomjax.canonical(1))
     with pytest.raises(TypeError, match=r"hamiltonian_vector_field\(H, geomjax.canonical\(n\)\)"):
         geomjax.hamiltonian_vector_field(lambda x: x[0])
+
+
+# --- 2. the default method follows the field ---------------------------------------------
+
+
+def test_default_method_is_rk4_for_a_dirac_field_and_euler_for_a_feedback_field():
+    X = geomjax.dirac_field(PENDULUM.system)
+    kw = dict(dt=1e-2, steps=50, save_every=10)
+    default = geomjax.integrate(X, PENDULUM.x0, **kw)
+    np.testing.assert_array_equal(default.xs, geomjax.integrate(X, PENDULUM.x0, method="rk4", **kw).xs)
+    assert not np.array_equal(default.xs, geomjax.integrate(X, PENDULUM.x0, method="euler", **kw).xs)
+    Y = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, gains=50.0)
+    kw = dict(dt=1e-3, steps=50, save_every=10)
+    default = geomjax.integrate(Y, PENDULUM.x0, **kw)
+    np.testing.assert_array_equal(default.xs, geomjax.integrate(Y, PENDULUM.x0, method="euler", **kw).xs)
+    # a plain callable x ↦ ẋ: RK4 (e⁻¹ to O(h⁴))
+    decay = geomjax.integrate(lambda x: -x, jnp.array([1.0]), dt=0.1, steps=10)
+    assert abs(float(decay.xs[-1, 0]) - np.exp(-1.0)) < 1e-6

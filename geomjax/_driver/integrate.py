@@ -647,19 +647,30 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
-class _DefaultMethod(str):
-    """The default `method` of `integrate`, "euler", told apart from an explicit "euler":
-    the message of a run that fails says when the default was used."""
+def default_method(field) -> str:
+    """The method `integrate` uses for `field` when none is given: `"euler"` for feedback
+    fields (feedback Euler, the integrator of seed 000 and of Bae & Chang's adaptive gain,
+    whose gains are chosen for it: `feedback_field(..., dt=h)`), `"rk4"` (explicit, order
+    4) for every other field (Dirac, nonholonomic, contact fields, plain callables)."""
+    from .._field.feedback import AbstractFeedbackField
+
+    return "euler" if isinstance(field, AbstractFeedbackField) else "rk4"
 
 
-DEFAULT_METHOD = _DefaultMethod("euler")
-
-_DEFAULT_METHOD_NOTE = (
-    "The method was the default, explicit Euler: first order, and it keeps neither the "
-    "constraints nor the first integrals. Choose one for the problem, e.g. "
-    'method="gauss4" (implicit, order 4, keeps quadratic first integrals), a feedback '
-    "field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
-)
+_DEFAULT_METHOD_NOTES = {
+    "euler": (
+        "The method was the default for a feedback field, explicit Euler (feedback Euler, as in "
+        "seed 000): first order, and it keeps the constraints and first integrals only through "
+        "the feedback, whose gains must keep h·λ_max(L∇²V) < 2 (geomjax.check_gains). Choose "
+        'another with method=, e.g. method="rk4", or a constraint-preserving step (geomjax.rattle)'
+    ),
+    "rk4": (
+        'The method was the default for this field, "rk4" (explicit, order 4): it keeps neither '
+        "the constraints nor the first integrals exactly. Choose one for the problem, e.g. "
+        'method="gauss4" (implicit, order 4, keeps quadratic first integrals), a smaller dt, a '
+        "feedback field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
+    ),
+}
 
 _DRIFT_CODES = frozenset((code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation)))
 
@@ -778,7 +789,7 @@ def integrate(
     *,
     dt: Float[ArrayLike, ""],
     steps: int,
-    method=DEFAULT_METHOD,
+    method=None,
     save_every: int = 1,
     t0: Float[ArrayLike, ""] = 0.0,
     args=None,
@@ -816,7 +827,7 @@ def integrate(
     field keeps the invariants of *this run's* initial state (`at_start`), unless its
     target was pinned when it was built. `Solution.message` names what failed: for a
     drift, the quantity (by the system's names), its value at the failing save and the
-    tolerance, and whether the method was the default (explicit Euler).
+    tolerance, and whether the method was the default for the field.
 
     What success certifies, exactly: the checks above passed — a finite start on the
     constraint set, converged and finite steps, the monitored constraints and first
@@ -838,9 +849,13 @@ def integrate(
     - `dt`: step size (the initial step for adaptive diffrax solvers).
     - `steps`: number of steps; the final time is `t0 + steps·dt`.
     - `method`: for a field, the name of a one-step method (`"euler"`, `"heun"`,
-      `"midpoint"`, `"rk3"`, `"rk4"`, and the implicit ones registered by geomjax), or any
-      `diffrax.AbstractSolver` instance (adaptive when `rtol`/`atol` are given, with a
-      `diffrax.PIDController`). Ignored for steps.
+      `"midpoint"`, `"rk3"`, `"rk4"`, and the implicit ones registered by geomjax:
+      `geomjax.method_names()`), or any `diffrax.AbstractSolver` instance (adaptive when
+      `rtol`/`atol` are given, with a `diffrax.PIDController`). Ignored for steps.
+      Default (`None`): the method for the kind of field, `"euler"` for a feedback field
+      (feedback Euler, the papers' integrator, for which `feedback_field(..., dt=h)`
+      chooses the gains) and `"rk4"` for every other field; a failed run's message says
+      when the default was used.
     - `save_every`: save every this many steps (`steps` must be a multiple).
     - `t0`: initial time; `args`: passed to time-dependent fields and steps.
     - `rtol`, `atol`, `max_steps`: for diffrax solvers.
@@ -896,7 +911,10 @@ def integrate(
     dt = _as_scalar(dt, x0.dtype)
     t0 = _as_scalar(t0, x0.dtype)
     diffrax = sys.modules.get("diffrax")  # a diffrax solver exists only if diffrax was imported
-    note = _DEFAULT_METHOD_NOTE if (not is_step and method is DEFAULT_METHOD) else ""
+    note = ""
+    if method is None and not is_step:
+        method = default_method(target)
+        note = _DEFAULT_METHOD_NOTES[method]
     if not is_step and diffrax is not None and isinstance(method, diffrax.AbstractSolver):
         from .adaptive import run_diffrax
 
