@@ -108,3 +108,55 @@ def test_default_method_is_rk4_for_a_dirac_field_and_euler_for_a_feedback_field(
     # a plain callable x ↦ ẋ: RK4 (e⁻¹ to O(h⁴))
     decay = geomjax.integrate(lambda x: -x, jnp.array([1.0]), dt=0.1, steps=10)
     assert abs(float(decay.xs[-1, 0]) - np.exp(-1.0)) < 1e-6
+
+
+# --- 6. named quantities in plots; heat maps that are not cut off ------------------------
+
+
+def _tuning_result(field):
+    k = np.asarray(field.gains)
+    history = {"objective": [0.0, -1.0, -2.0], "gains": [k, 2 * k, 3 * k], "stability_fraction": [0.1] * 3,
+               "failed": [0] * 3, "skipped": [False] * 2}
+    return geomjax.TuningResult(field, 3 * k, None, k, history, 0.0, -2.0, None, None, None, 0.3,
+                                objective="invariants", method="euler", dt=1e-3, steps=10)
+
+
+def test_tuning_plot_labels_the_gains_by_the_systems_quantity_names():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from geomjax.experiments._figure_check import figure_problems
+
+    named = geomjax.System(DOUBLE.system.hamiltonian, DOUBLE.system.structure, holonomic=DOUBLE.system.holonomic,
+                           names=["rod 1", "rod 2", "rod 1 speed", "rod 2 speed", "energy"])
+    for system, expected in [(DOUBLE.system, ["g1", "g2", "gdot1", "gdot2", "H"]),
+                             (named, ["rod 1", "rod 2", "rod 1 speed", "rod 2 speed", "energy"])]:
+        field = geomjax.feedback_field(system, DOUBLE.x0, gains=np.arange(1.0, 6.0))
+        result = _tuning_result(field)
+        assert list(result.gain_labels()) == expected
+        fig = result.plot()
+        assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == expected
+        assert figure_problems(fig) == []
+    # a gain matrix: its entries, K[j]
+    field = geomjax.feedback_field(_oscillator(), jnp.array([1.0, 0.0]), gains=np.eye(2))
+    fig = _tuning_result(field).plot()
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["K[0]", "K[3]"]
+
+
+def test_heatmap_colour_bar_and_labels_fit_the_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from geomjax.experiments._figure_check import figure_problems
+
+    def member(g, gain):
+        model = geomjax.models.spherical_pendulum(g=g)
+        return geomjax.feedback_field(model.system, model.x0, gains=gain), model.x0
+
+    grid = geomjax.product(g=[1.0, 9.81], gain=[10.0, 100.0, 1e4])
+    result = geomjax.sweep(member, grid, dt=1e-3, steps=300, save_every=100, method="euler")
+    for quantity in ("status", "invariant_error", "constraint_error"):
+        ax = result.heatmap(quantity)
+        assert figure_problems(ax.figure) == [], quantity
+    bar = result.heatmap("constraint_error").figure.axes[-1]
+    assert bar.get_ylabel() == "log10 max constraint residual\n(red: failed)"

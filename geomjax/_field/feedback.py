@@ -142,6 +142,27 @@ class AbstractFeedbackField(SystemField):
     def quantities(self, x):
         """F(x), the quantities the feedback holds at their initial values."""
 
+    def quantity_names(self) -> tuple[str, ...]:
+        """The names of the entries of F, in order (one per gain of a vector K): the
+        system's `names`, or its default ones ("g1", "gdot1", "f1", "J1", "H", "H_ext",
+        "I1", …; see `geomjax.System`). Empty where the structure does not fix the
+        state's length.
+
+        Example:
+
+        ```python
+        >>> import geomjax
+        >>> model = geomjax.models.spherical_pendulum()
+        >>> geomjax.feedback_field(model.system, model.x0, 50.0).quantity_names()
+        ('f1', 'f2', 'H', 'J')
+
+        ```
+        """
+        if self.system.dim is None:
+            return ()
+        constraint, integrals = self.system._quantity_labels(jax.ShapeDtypeStruct((self.system.dim,), jnp.float64))
+        return constraint + integrals
+
     def target_at(self, x0):
         """The target values F₀ for a run starting at the flat state `x0`: F(x0)."""
         return self.quantities(x0)
