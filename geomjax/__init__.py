@@ -8,7 +8,11 @@ from . import _config  # noqa: F401  (enables float64 first)
 from . import models as models
 from ._system.bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
 from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
-from ._field.feedback import FeedbackField as FeedbackField, feedback_field as feedback_field
+from ._field.feedback import (
+    ChosenGainsWarning as ChosenGainsWarning,
+    FeedbackField as FeedbackField,
+    feedback_field as feedback_field,
+)
 from ._field.adaptive_gain import AdaptiveFeedbackField as AdaptiveFeedbackField
 from ._tuning.stability import (
     FeedbackAccuracyWarning as FeedbackAccuracyWarning,

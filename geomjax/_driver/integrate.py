@@ -648,19 +648,30 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
-class _DefaultMethod(str):
-    """The default `method` of `integrate`, "euler", told apart from an explicit "euler":
-    the message of a run that fails says when the default was used."""
+def default_method(field) -> str:
+    """The method `integrate` uses for `field` when none is given: `"euler"` for feedback
+    fields (feedback Euler, the integrator of seed 000 and of Bae & Chang's adaptive gain,
+    whose gains are chosen for it: `feedback_field(..., dt=h)`), `"rk4"` (explicit, order
+    4) for every other field (Dirac, nonholonomic, contact fields, plain callables)."""
+    from .._field.feedback import AbstractFeedbackField
+
+    return "euler" if isinstance(field, AbstractFeedbackField) else "rk4"
 
 
-DEFAULT_METHOD = _DefaultMethod("euler")
-
-_DEFAULT_METHOD_NOTE = (
-    "The method was the default, explicit Euler: first order, and it keeps neither the "
-    "constraints nor the first integrals. Choose one for the problem, e.g. "
-    'method="gauss4" (implicit, order 4, keeps quadratic first integrals), a feedback '
-    "field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
-)
+_DEFAULT_METHOD_NOTES = {
+    "euler": (
+        "The method was the default for a feedback field, explicit Euler (feedback Euler, as in "
+        "seed 000): first order, and it keeps the constraints and first integrals only through "
+        "the feedback, whose gains must keep h·λ_max(L∇²V) < 2 (geomjax.check_gains). Choose "
+        'another with method=, e.g. method="rk4", or a constraint-preserving step (geomjax.rattle)'
+    ),
+    "rk4": (
+        'The method was the default for this field, "rk4" (explicit, order 4): it keeps neither '
+        "the constraints nor the first integrals exactly. Choose one for the problem, e.g. "
+        'method="gauss4" (implicit, order 4, keeps quadratic first integrals), a smaller dt, a '
+        "feedback field (geomjax.feedback_field) or a constraint-preserving step (geomjax.rattle)"
+    ),
+}
 
 _DRIFT_CODES = frozenset((code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation)))
 
@@ -674,6 +685,43 @@ def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str)
     else:
         detail = compiled_call(drift_detail, (save_every, drift_tol, note), target, x0, sol)
     return _with_detail(sol, detail)
+
+
+def _with_gain_cause(sol: Solution, field, x0, dt, method: str) -> Solution:
+    """`sol`, with `detail.cause` saying so where a failed run of a feedback field had
+    h·λ_max(L∇²V)(x0) at or past the stability bound β of its explicit method (the gains,
+    the bound and `geomjax.recommended_gains`). Only for a run that failed outside jit
+    (status, x0 and dt known), one state and one step size."""
+    from .._field.feedback import AbstractFeedbackField
+
+    status = known(sol.status)
+    if (
+        status is None
+        or np.ndim(status) != 0
+        or int(status) == OK
+        or not isinstance(field, AbstractFeedbackField)
+        or not is_concrete((x0, dt, field))
+        or np.ndim(dt) != 0
+    ):
+        return sol
+    from .._tuning.stability import check_gains
+
+    try:
+        check = check_gains(field, x0, float(dt), str(method), warn=False)
+    except (ValueError, TypeError):
+        return sol  # rates not finite at x0, or a method without a stability interval
+    if check.stability_fraction < 1.0:
+        return sol
+    gains = np.asarray(field.gains)
+    shown = f"{gains.flat[0]:.4g}" if gains.ndim == 1 and np.all(gains == gains.flat[0]) else np.array2string(gains, precision=4)
+    cause = (
+        f"Likely cause: the gains. With K = {shown}, h·λ_max(L∇²V) = {float(dt) * check.feedback_rate:.3g} at x0, "
+        f"past the stability bound β = {check.bound:.4g} of {str(method)!r} (explicit methods need "
+        f"h·λ_max < β); lower the gains by a factor ≥ {check.stability_fraction:.3g}, e.g. "
+        f"geomjax.recommended_gains(field, x0, dt, {str(method)!r}) (× {check.recommended_scale:.3g}), "
+        f"or build the field with geomjax.feedback_field(system, x0, dt={float(dt):.4g}, method={str(method)!r})"
+    )
+    return _with_detail(sol, dataclasses.replace(sol.detail, cause=cause))
 
 
 def _with_detail(sol: Solution, detail) -> Solution:
@@ -742,7 +790,7 @@ def integrate(
     *,
     dt: Float[ArrayLike, ""],
     steps: int,
-    method=DEFAULT_METHOD,
+    method=None,
     save_every: int = 1,
     t0: Float[ArrayLike, ""] = 0.0,
     args=None,
@@ -780,7 +828,7 @@ def integrate(
     field keeps the invariants of *this run's* initial state (`at_start`), unless its
     target was pinned when it was built. `Solution.message` names what failed: for a
     drift, the quantity (by the system's names), its value at the failing save and the
-    tolerance, and whether the method was the default (explicit Euler).
+    tolerance, and whether the method was the default for the field.
 
     What success certifies, exactly: the checks above passed — a finite start on the
     constraint set, converged and finite steps, the monitored constraints and first
@@ -802,9 +850,13 @@ def integrate(
     - `dt`: step size (the initial step for adaptive diffrax solvers).
     - `steps`: number of steps; the final time is `t0 + steps·dt`.
     - `method`: for a field, the name of a one-step method (`"euler"`, `"heun"`,
-      `"midpoint"`, `"rk3"`, `"rk4"`, and the implicit ones registered by geomjax), or any
-      `diffrax.AbstractSolver` instance (adaptive when `rtol`/`atol` are given, with a
-      `diffrax.PIDController`). Ignored for steps.
+      `"midpoint"`, `"rk3"`, `"rk4"`, and the implicit ones registered by geomjax:
+      `geomjax.method_names()`), or any `diffrax.AbstractSolver` instance (adaptive when
+      `rtol`/`atol` are given, with a `diffrax.PIDController`). Ignored for steps.
+      Default (`None`): the method for the kind of field, `"euler"` for a feedback field
+      (feedback Euler, the papers' integrator, for which `feedback_field(..., dt=h)`
+      chooses the gains) and `"rk4"` for every other field; a failed run's message says
+      when the default was used.
     - `save_every`: save every this many steps (`steps` must be a multiple).
     - `t0`: initial time; `args`: passed to time-dependent fields and steps.
     - `rtol`, `atol`, `max_steps`: for diffrax solvers.
@@ -860,7 +912,10 @@ def integrate(
     dt = _as_scalar(dt, x0.dtype)
     t0 = _as_scalar(t0, x0.dtype)
     diffrax = sys.modules.get("diffrax")  # a diffrax solver exists only if diffrax was imported
-    note = _DEFAULT_METHOD_NOTE if (not is_step and method is DEFAULT_METHOD) else ""
+    note = ""
+    if method is None and not is_step:
+        method = default_method(target)
+        note = _DEFAULT_METHOD_NOTES[method]
     if not is_step and diffrax is not None and isinstance(method, diffrax.AbstractSolver):
         from .adaptive import run_diffrax
 
@@ -871,6 +926,7 @@ def integrate(
         sol = _explained(target, x0, sol, save_every, drift_tol, note)
     else:
         accuracy_tol = _as_accuracy_tol(accuracy_tol, adaptive=False)
+        field = None if is_step else target
         if not is_step:
             if not isinstance(method, str):
                 raise TypeError(
@@ -883,6 +939,8 @@ def integrate(
             # The same run at dt/2: the same saves, twice the steps between them.
             half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, 2 * save_every, *run[7:])
             sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
+        if field is not None:
+            sol = _with_gain_cause(sol, field, x0, dt, method)
     if throw:
         sol = raise_if_failed(sol)
     return sol

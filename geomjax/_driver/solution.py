@@ -42,6 +42,10 @@ class FailureDetail(eqx.Module):
     - `labels`: names of the monitored quantities, `(first integrals, constraint
       residuals)` (`AbstractMonitored.quantity_labels`).
     - `note`: a sentence on the method where the run used the default one, else "".
+    - `cause`: a sentence on the likely cause found after the run, else "" (a feedback
+      field run with an explicit method past its stability bound: the gains, the bound
+      and `geomjax.recommended_gains`). Found only where the status is known outside
+      `jit`; added to `message` whatever the outcome.
     """
 
     quantity: jax.Array
@@ -49,6 +53,7 @@ class FailureDetail(eqx.Module):
     bound: jax.Array
     labels: tuple = eqx.field(static=True, default=((), ()))
     note: str = eqx.field(static=True, default="")
+    cause: str = eqx.field(static=True, default="")
 
 
 class Solution(eqx.Module):
@@ -191,7 +196,8 @@ def _message(sol: Solution, status: np.ndarray) -> str:
     t = float(known(sol.t0) + step * known(sol.dt))
     where = "at the start (step 0)" if step == 0 else f"at step {step} (t = {t:.6g})"
     code = int(status)
-    return f"integration failed {where}: {RESULTS[from_code(code)]}{_measured(sol.detail, code)}{_note(sol, code)}"
+    cause = "" if sol.detail is None or not sol.detail.cause else f". {sol.detail.cause}"
+    return f"integration failed {where}: {RESULTS[from_code(code)]}{_measured(sol.detail, code)}{_note(sol, code)}{cause}"
 
 
 def _measured(detail: FailureDetail | None, code: int) -> str:

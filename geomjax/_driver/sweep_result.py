@@ -188,7 +188,9 @@ class SweepResult(eqx.Module):
         log₁₀ scale), `"status"` (the cause of failure per member), or an array shaped
         `grid.shape`. `x`, `y`: swept names (default: the first scalar-valued names of the
         last two axes). Members that failed are drawn red on the error maps. Returns the
-        matplotlib `Axes`.
+        matplotlib `Axes`. A figure made here uses matplotlib's constrained layout, so the
+        colour bar's label and tick labels (the names of the outcomes) are not cut off;
+        with your own `ax`, use a figure with `layout="constrained"` for the same.
         """
         import matplotlib.pyplot as plt
         from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -213,7 +215,8 @@ class SweepResult(eqx.Module):
         if ax_y > ax_x:
             values, failed = values.T, failed.T  # rows: y
         if ax is None:
-            _, ax = plt.subplots(figsize=(5.5, 4))
+            # constrained layout makes room for the colour bar's label and tick labels
+            _, ax = plt.subplots(figsize=(5.5, 4), layout="constrained")
         xv, yv = np.asarray(self.grid.values(x)), np.asarray(self.grid.values(y))
         if xv.ndim != 1 or yv.ndim != 1:
             raise ValueError("heat maps need scalar swept values on both axes")
@@ -234,7 +237,8 @@ class SweepResult(eqx.Module):
                 shown = np.log10(np.maximum(values, floor))  # exact zeros shown at the smallest value
             cmap = plt.get_cmap("viridis").with_extremes(bad=(0.8, 0.2, 0.2))
             mesh = ax.pcolormesh(*_edges(xv, yv), np.where(failed, np.nan, shown), cmap=cmap)
-            plt.colorbar(mesh, ax=ax, label=f"log10 {label} (red: failed)")
+            # on two lines: one line of the longer labels is taller than the panel
+            plt.colorbar(mesh, ax=ax, label=f"log10 {label}\n(red: failed)")
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         for axis, v in (("x", xv), ("y", yv)):

@@ -142,6 +142,27 @@ class AbstractFeedbackField(SystemField):
     def quantities(self, x):
         """F(x), the quantities the feedback holds at their initial values."""
 
+    def quantity_names(self) -> tuple[str, ...]:
+        """The names of the entries of F, in order (one per gain of a vector K): the
+        system's `names`, or its default ones ("g1", "gdot1", "f1", "J1", "H", "H_ext",
+        "I1", …; see `geomjax.System`). Empty where the structure does not fix the
+        state's length.
+
+        Example:
+
+        ```python
+        >>> import geomjax
+        >>> model = geomjax.models.spherical_pendulum()
+        >>> geomjax.feedback_field(model.system, model.x0, 50.0).quantity_names()
+        ('f1', 'f2', 'H', 'J')
+
+        ```
+        """
+        if self.system.dim is None:
+            return ()
+        constraint, integrals = self.system._quantity_labels(jax.ShapeDtypeStruct((self.system.dim,), jnp.float64))
+        return constraint + integrals
+
     def target_at(self, x0):
         """The target values F₀ for a run starting at the flat state `x0`: F(x0)."""
         return self.quantities(x0)
@@ -328,6 +349,8 @@ def feedback_field(
     *,
     target=None,
     start_tol: float | None = START_TOL,
+    dt: float | None = None,
+    method: str = "euler",
 ) -> AbstractFeedbackField:
     """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
 
@@ -393,17 +416,40 @@ def feedback_field(
     True
 
     ```
+
+    Without gains, chosen for the step (h·λ_max(L∇²V) = 1 with Euler):
+
+    ```python
+    >>> import geomjax, warnings
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     Y = geomjax.feedback_field(model.system, model.x0, dt=1e-3)
+    >>> print(caught[0].message)
+    feedback_field: no gains given, chose K = 185.6 (all 4 entries of F) for dt = 0.001 with 'euler' (h·λ_max(L∇²V) = 1 at x0, stability bound 2; geomjax.recommended_gains); pass gains= to choose them yourself
+    >>> round(1e-3 * float(geomjax.feedback_rate(Y, model.x0)), 6)
+    1.0
+
+    ```
     """
     if not isinstance(system, System):
         raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
     check_tolerance(start_tol, "start_tol", zero_ok=True, none_means="to build from off the constraint set on purpose")
+    if gains is None:
+        if dt is None:
+            raise TypeError(
+                "feedback_field needs the gains K, or the step size to choose them for: call "
+                "feedback_field(system, x0, gains=K) (K a positive scalar, one gain ≥ 0 per entry "
+                "of F, or an SPD matrix), or feedback_field(system, x0, dt=h, method='euler') to "
+                "have K chosen for that step by geomjax.recommended_gains"
+            )
+        unit = feedback_field(system, x0, 1.0, metric, target=target, start_tol=start_tol)
+        return _with_chosen_gains(unit, x0, dt, method)
     if isinstance(system, NonholonomicSystem):
         # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
         from .nonholonomic import nonholonomic_feedback_field
 
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target, start_tol=start_tol)
-    if gains is None:
-        raise TypeError("feedback_field needs gains: a positive scalar, one ≥ 0 per entry of F, or an SPD matrix")
     start = None
     if x0 is not None and is_concrete(x0):
         x0 = as_state(x0, system.dim)
@@ -417,3 +463,41 @@ def feedback_field(
     metric = _check_metric(metric, x0, system.dim)
     return FeedbackField(system, target, k, metric, pinned, embedding_gain=k_emb)
 
+
+
+class ChosenGainsWarning(UserWarning):
+    """`geomjax.feedback_field` chose the gains itself (from `dt`): the message says which."""
+
+    def __init__(self, message: str):  # a real signature (a built-in's has none)
+        super().__init__(message)
+
+
+def _with_chosen_gains(unit, x0, dt, method):
+    """`unit` (a feedback field with gains 1) with its gains scaled by the rule of
+    `geomjax.recommended_gains` for step `dt` and `method`, and a `ChosenGainsWarning`."""
+    import warnings
+
+    from .._tuning.stability import recommended_field
+
+    if x0 is None or not is_concrete((x0, dt)):
+        raise ValueError(
+            "feedback_field(system, x0, dt=h) chooses the gains from the rates at x0: give x0 (and "
+            "a concrete dt, outside jit), or give gains= yourself"
+        )
+    field, check = recommended_field(unit, x0, dt, method)
+    k = np.asarray(field.gains)
+    shown = (
+        f"K = {k.flat[0]:.4g} (all {k.shape[0]} entries of F)"
+        if k.ndim == 1 and np.all(k == k.flat[0])
+        else f"K = {np.array2string(k, precision=4)}"
+    )
+    if getattr(field, "embedding_gain", None) is not None:
+        shown += f", k₀ = {float(field.embedding_gain):.4g}"
+    warnings.warn(
+        f"feedback_field: no gains given, chose {shown} for dt = {float(dt):.4g} with {method!r} "
+        f"(h·λ_max(L∇²V) = {float(dt) * check.feedback_rate * check.recommended_scale:.3g} at x0, "
+        f"stability bound {check.bound:.4g}; geomjax.recommended_gains); pass gains= to choose them yourself",
+        ChosenGainsWarning,
+        stacklevel=3,
+    )
+    return field

@@ -358,8 +358,6 @@ def nonholonomic_feedback_field(
     `NonholonomicFeedbackField.euler_step_limit`).
     """
     _require(system)
-    if gains is None:
-        raise TypeError("feedback_field needs gains: a positive scalar, one ≥ 0 per entry of F, or an SPD matrix")
     k = _constraint_count(system)
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)

@@ -1,6 +1,7 @@
 """Mechanical systems defined only by JAX functions."""
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -90,6 +91,14 @@ class _ByKind(type(eqx.Module)):
         if cls is System:
             return _build(*args, **kwargs)
         return super().__call__(*args, **kwargs)
+
+    @property
+    def __signature__(cls):
+        # `System`'s own signature is its builder's (`inspect.signature`, `help`, IDEs);
+        # the typed systems keep equinox's (that of their `__init__`).
+        if cls is System:
+            return inspect.signature(_build).replace(return_annotation="System")
+        return super().__signature__
 
 
 class System(eqx.Module, metaclass=_ByKind):

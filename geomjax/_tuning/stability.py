@@ -23,6 +23,9 @@ from .._validate import check_step_size, known
 class FeedbackAccuracyWarning(UserWarning):
     """Feedback with a high-order method at gains that are expected to cost accuracy."""
 
+    def __init__(self, message: str):  # a real signature (a built-in's has none)
+        super().__init__(message)
+
 
 def _decay(x):
     return -x
@@ -320,10 +323,17 @@ def recommended_gains(
 
     ```
     """
+    return np.asarray(recommended_field(field, x0, dt, method)[0].gains)
+
+
+def recommended_field(field, x0, dt: float, method: str = "euler"):
+    """`(field with the recommended gains, GainCheck of the field as given)`: every gain
+    (K and an embedded group's k₀) times `GainCheck.recommended_scale`; what
+    `recommended_gains` and `feedback_field(..., dt=h)` use."""
     check = check_gains(field, x0, dt, method, warn=False)
     if not (math.isfinite(check.recommended_scale) and check.recommended_scale > 0):
         raise ValueError(
             f"no gains reach the rule of thumb here: λ_max(L∇²V) = {check.feedback_rate:.3g} and the dynamics' "
             f"rate ‖DX‖ = {check.dynamics_rate:.3g} at the initial states (scaling the gains cannot move a zero rate)"
         )
-    return np.asarray(field.gains) * check.recommended_scale
+    return scale_gains(field, check.recommended_scale), check

@@ -357,8 +357,16 @@ class TuningResult(eqx.Module):
         lines.append(f"  h·λ_max/β = {self.stability_fraction:.3g}")
         return "\n".join(lines)
 
+    def gain_labels(self) -> tuple[str, ...]:
+        """The names of the quantities the gains weigh, one per entry of a vector K: the
+        names of F = (constraint quantities, H, integrals) of the field's system
+        (`AbstractFeedbackField.quantity_names`). `plot` labels the gains with them."""
+        return self.field.quantity_names()
+
     def plot(self, axes=None):
-        """Objective and gains over the iterations (two panels); returns the figure."""
+        """Objective and gains over the iterations (two panels); returns the figure. The
+        gains are labelled by the quantities they weigh (`gain_labels`: the system's
+        names of F, e.g. "g1", "gdot1", "H"), or "K[j]" for a gain matrix's entries."""
         import matplotlib.pyplot as plt
 
         if axes is None:
@@ -373,10 +381,13 @@ class TuningResult(eqx.Module):
         axes[0].legend(loc="best", fontsize="small")
         g = np.asarray(self.history["gains"]).reshape(len(it), -1)
         if g.shape[1] <= 12:
+            labels = self.gain_labels()
+            if len(labels) != g.shape[1]:  # a gain matrix: its entries
+                labels = [f"K[{j}]" for j in range(g.shape[1])]
             for j in range(g.shape[1]):
                 if np.any(g[:, j] > 0):  # a zero gain stays zero: nothing to draw on a log axis
-                    axes[1].semilogy(it, g[:, j], label=f"K[{j}]")
-            axes[1].legend(loc="best", fontsize="small", ncol=2)
+                    axes[1].semilogy(it, g[:, j], label=labels[j])
+            axes[1].legend(loc="best", fontsize="small", ncol=2, title="gain on")
         else:
             axes[1].semilogy(it, np.abs(g).max(axis=1), label="max |K|")
         axes[1].set(xlabel="optax iteration", ylabel="gain", title="gains")
