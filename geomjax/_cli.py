@@ -98,6 +98,10 @@ def _run_one(name: str, out: pathlib.Path, progress: bool, quick: bool, options:
         print()
         print(format_table(metrics["summary"]))
         print()
+    for line in metrics.get("findings", []):
+        print(f"- {line}")
+    if metrics.get("findings"):
+        print()
     print(f"metrics: {out / f'{name}.json'}")
     print(f"arrays:  {out / metrics['arrays']}")
     for fig in metrics.get("figures", []):
