@@ -374,9 +374,11 @@ def dirac2(
 ) -> DiracStep:
     """Dirac-2 (seed 003 §III.B, q̃ = (q_{k+1} − q_{k−1})/2h): a two-step Dirac integrator.
 
-    The seed defines Dirac-2 by its eq. (7) with "q̃ = (q_{k+1} − q_{k−1})/2h", and its
-    typography leaves open where q̃ enters. Two readings, both derived by autodiff of
-    `lagrangian(q, v)` and `holonomic(q)` (α = Dφ; nonholonomic rows α(q)·v + β(q) alike):
+    V. Salnikov and A. Hamdouni, "From modelling of systems with constraints to generalized
+    geometry and back to numerics" (ZAMM 2019, arXiv:1807.06652), define Dirac-2 by their
+    eq. (7) with "q̃ = (q_{k+1} − q_{k−1})/2h", and the typography leaves open where q̃
+    enters. Two readings, both derived by autodiff of `lagrangian(q, v)` and
+    `holonomic(q)` (α = Dφ; nonholonomic rows α(q)·v + β(q) alike):
 
     - `reading="literal"` (default): the centred q̃ everywhere in eq. (7),
 
@@ -392,7 +394,9 @@ def dirac2(
 
       For L = |v|²/2 − V(q) this is the symplectic-Euler-like p_{k+1} = p_k − h∇V(q_k) +
       hα(q_k)ᵀλ, q_{k+1} = q_k + h p_{k+1}, with the multiplier fixed by the centred
-      constraint. It is Dirac-1 (`geomjax.dirac1`) on unconstrained problems.
+      constraint. It is Dirac-1 (`geomjax.dirac1`) on unconstrained problems. With
+      `constraint="position"` the holonomic rows are φ(q_{k+1}) = 0 in both readings
+      (only nonholonomic rows keep the centred difference).
 
     **Roots** (`dirac2_oscillator_roots`). On the oscillator L = v²/2 − ω²q²/2 (also the
     tangential part of a pendulum linearised at rest, ω² = g/ℓ), with a = h²ω², the

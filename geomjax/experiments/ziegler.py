@@ -316,6 +316,9 @@ def run_bifurcation(out_dir: pathlib.Path, progress: bool, loads=BIF_LOADS, step
         "wrong_cells": wrong,
         "failed_cells": failed,
         "wrong_means": "a finite run settling about another branch than the reference (failed runs counted apart)",
+        "paper": PAPER,
+        "findings": [f"{LABELS.get(name, name)}: {len(wrong[name])} of {cells} (P, h) cells on another branch than the "
+                     f"reference, {len(failed[name])} failed" for name in methods],
         "figures": [figure.name],
         "summary": summary,
     }
