@@ -102,6 +102,10 @@ def _run_one(name: str, out: pathlib.Path, progress: bool, quick: bool, options:
         print("columns:")
         print(format_legend(metrics["summary"]))
         print()
+    for line in metrics.get("findings", []):
+        print(f"- {line}")
+    if metrics.get("findings"):
+        print()
     print(f"metrics: {out / f'{name}.json'}")
     print(f"arrays:  {out / metrics['arrays']}")
     for fig in metrics.get("figures", []):

@@ -84,10 +84,12 @@ _IMPOSED = ("velocity", "position")
 
 class _Equations:
     """The equations of one Dirac step from (past, q_k, p_k), in u = (w, μ): w = (q_{k+1} − q_k)/h
-    and the impulse μ = hλ."""
+    and the impulse μ = hλ. `constraint_velocity` (None: `velocity`) is the velocity
+    approximation in the velocity-level constraint rows."""
 
-    def __init__(self, system: ImplicitLagrangian, velocity, imposed, past, q, p, h):
+    def __init__(self, system: ImplicitLagrangian, velocity, imposed, past, q, p, h, constraint_velocity=None):
         self.system, self.velocity, self.imposed = system, velocity, imposed
+        self.constraint_velocity = constraint_velocity
         self.past, self.q, self.p, self.h = past, q, p, h
         self.forms = system.forms(q) if system.constrained else None
 
@@ -101,9 +103,16 @@ class _Equations:
         q_next = self.q + self.h * u[0]
         return q_next, self.velocity(self.past, self.q, q_next, self.h)
 
+    def constrained_velocity(self, q_next, qt):
+        """The velocity the velocity-level constraint rows read: q̃ itself, or that of `constraint_velocity`."""
+        if self.constraint_velocity is None:
+            return qt
+        return self.constraint_velocity(self.past, self.q, q_next, self.h)
+
     def __call__(self, u):
         system, q, h = self.system, self.q, self.h
         q_next, qt = self.approximate_velocity(u)
+        qc = self.constrained_velocity(q_next, qt)
         dq, dv = system.derivatives(q, qt)
         # The unknown multiplier is the impulse μ = hλ: of the size of a momentum at any
         # h, so that the Newton update test means the same at every step size.
@@ -115,10 +124,10 @@ class _Equations:
                 k_h = system.position_constraints(q).shape[0]
                 rows = [system.position_constraints(q_next) / h]
                 if system.nonholonomic is not None:
-                    rows.append(system.constraint(q, qt)[k_h:])
+                    rows.append(system.constraint(q, qc)[k_h:])
                 out.append(jnp.concatenate(rows))
             else:
-                out.append(system.constraint(q, qt))
+                out.append(system.constraint(q, qc))
         return tuple(out)
 
     def finish(self, u):
@@ -150,6 +159,7 @@ class DiracStep(AbstractStep):
     history: int = eqx.field(static=True)
     imposed: str = eqx.field(static=True)
     starter_substeps: int = eqx.field(static=True, default=16)
+    constraint_velocity: Callable | None = None
 
     @property
     def dim(self):
@@ -193,12 +203,12 @@ class DiracStep(AbstractStep):
         q, p = z[0], z[1]
         past = z[2] if self.history else ()
         h = jnp.asarray(h, q.dtype)
-        equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
+        equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h, self.constraint_velocity)
         pattern = _affine_pattern(equations)
         if pattern is not None:
 
             def solve(past, q, p, h):
-                eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h)
+                eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h, self.constraint_velocity)
                 zeros = eqs.zeros()
                 root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros, pattern)
                 return eqs.finish(root)
@@ -220,12 +230,16 @@ class DiracStep(AbstractStep):
         # (L and the constraints were traced by the system's check; the step itself is
         # traced once, by the run)
         q = self.split(x0)[0]
-        try:
-            out = jax.eval_shape(lambda a: self.velocity((a,) * self.history, a, a, 0.1), q)
-        except _TRACE_ERRORS as err:
-            raise TypeError(untraceable_message("the velocity approximation", err)) from err
-        if getattr(out, "shape", None) != q.shape:
-            raise ValueError(f"the velocity approximation must return q̃ shaped like q {tuple(q.shape)}, got {getattr(out, 'shape', None)}")
+        approximations = [("the velocity approximation", self.velocity)]
+        if self.constraint_velocity is not None:
+            approximations.append(("the constraint's velocity approximation", self.constraint_velocity))
+        for what, velocity in approximations:
+            try:
+                out = jax.eval_shape(lambda a: velocity((a,) * self.history, a, a, 0.1), q)
+            except _TRACE_ERRORS as err:
+                raise TypeError(untraceable_message(what, err)) from err
+            if getattr(out, "shape", None) != q.shape:
+                raise ValueError(f"{what} must return q̃ shaped like q {tuple(q.shape)}, got {getattr(out, 'shape', None)}")
 
     def constraint_residuals(self, x):
         return self.system.constraint_residuals(x)
@@ -244,17 +258,19 @@ def dirac(
     constraint: str = "velocity",
     starter: AbstractStep | None = None,
     newton: Newton | None = None,
+    constraint_velocity: Callable | None = None,
 ) -> DiracStep:
     """A Dirac integrator (seed 003 §III.B) with a velocity approximation of your choice.
 
     One step (q_k, p_k) ↦ (q_{k+1}, p_{k+1}) of size h solves, for q_{k+1} and λ,
 
         p_{k+1} = ∂L/∂v(q_k, q̃),   p_{k+1} = p_k + h (∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
-        α(q_k)·q̃ (+ β(q_k)) = 0,
+        α(q_k)·q̂ (+ β(q_k)) = 0,
 
-    with q̃ = `velocity(past, q_k, q_{k+1}, h)` and α the constraint one-forms (α = Dφ of
-    the holonomic constraints φ, and the nonholonomic one-forms), all by autodiff. See
-    the module `geomjax._step.dirac` for the solves and the measured orders.
+    with q̃ = `velocity(past, q_k, q_{k+1}, h)`, q̂ = `constraint_velocity(past, q_k,
+    q_{k+1}, h)` (default q̂ = q̃) and α the constraint one-forms (α = Dφ of the holonomic
+    constraints φ, and the nonholonomic one-forms), all by autodiff. See the module
+    `geomjax._step.dirac` for the solves and the measured orders.
 
     **Arguments:**
 
@@ -273,6 +289,10 @@ def dirac(
       backward steps (default: Dirac-1 with the same constraints, in 16 substeps).
     - `newton`: the `geomjax.Newton` of the implicit solve (not used when the equations
       are affine: see the module docstring).
+    - `constraint_velocity`: `(past, q, q_next, h) ↦ q̂`, the velocity approximation of
+      the velocity-level constraint rows (default: `velocity`'s). `geomjax.dirac2(...,
+      reading="centred_constraint")` is `velocity=forward_difference,
+      constraint_velocity=centred_difference, history=1`.
 
     **Returns:**
 
@@ -301,12 +321,15 @@ def dirac(
         raise ValueError(f"history (the number of past positions velocity reads) must be an integer ≥ 0, got {history!r}")
     if constraint not in _IMPOSED:
         raise ValueError(f"constraint must be one of {_IMPOSED}, got {constraint!r}")
+    if constraint_velocity is not None and not callable(constraint_velocity):
+        raise TypeError(f"constraint_velocity must be None or a callable (past, q, q_next, h) ↦ q̂, got {type(constraint_velocity).__name__}")
     if starter is not None and not isinstance(starter, AbstractStep):
         raise TypeError(f"starter must be a geomjax step on (q, p) (e.g. geomjax.dirac1(...)), got {type(starter).__name__}")
     newton = as_newton(newton)
     if history and starter is None:
         starter = DiracStep(system, forward_difference, None, newton, 0, constraint)
-    return DiracStep(system, velocity, starter if history else None, newton, history, constraint)
+    return DiracStep(system, velocity, starter if history else None, newton, history, constraint,
+                     constraint_velocity=constraint_velocity)
 
 
 def dirac1(lagrangian, holonomic: Callable | None = None, nonholonomic=None, *, constraint: str = "velocity", newton: Newton | None = None) -> DiracStep:
@@ -336,27 +359,91 @@ def dirac1(lagrangian, holonomic: Callable | None = None, nonholonomic=None, *, 
     return dirac(lagrangian, holonomic, nonholonomic, constraint=constraint, newton=newton)
 
 
+_READINGS = ("literal", "centred_constraint")
+
+
 def dirac2(
     lagrangian,
     holonomic: Callable | None = None,
     nonholonomic=None,
     *,
+    reading: str = "literal",
     constraint: str = "velocity",
     starter: AbstractStep | None = None,
     newton: Newton | None = None,
 ) -> DiracStep:
     """Dirac-2 (seed 003 §III.B, q̃ = (q_{k+1} − q_{k−1})/2h): a two-step Dirac integrator.
 
-    The equations of `geomjax.dirac1` with the centred velocity approximation. The step
-    carries q_{k−1}; its `start` computes q_{−1} by a backward step of `starter` (default
-    Dirac-1 in 16 substeps), so `geomjax.integrate(step, x0, ...)` takes (q₀, p₀) and
-    saves (q, p). Its centred constraint α(q_k)·(q_{k+1} − q_{k−1})/2h = 0 keeps φ far
-    better than Dirac-1; its trajectory is first order (see `geomjax._step.dirac`).
+    V. Salnikov and A. Hamdouni, "From modelling of systems with constraints to generalized
+    geometry and back to numerics" (ZAMM 2019, arXiv:1807.06652), define Dirac-2 by their
+    eq. (7) with "q̃ = (q_{k+1} − q_{k−1})/2h", and the typography leaves open where q̃
+    enters. Two readings, both derived by autodiff of `lagrangian(q, v)` and
+    `holonomic(q)` (α = Dφ; nonholonomic rows α(q)·v + β(q) alike):
 
-    Example:
+    - `reading="literal"` (default): the centred q̃ everywhere in eq. (7),
+
+          p_{k+1} = ∂L/∂v(q_k, q̃),   p_{k+1} = p_k + h (∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
+          α(q_k)·q̃ = 0,               q̃ = (q_{k+1} − q_{k−1})/2h.
+
+    - `reading="centred_constraint"` (a reconstruction, not the seed's certain meaning):
+      the centred difference only in the constraint; the momentum equations keep
+      Dirac-1's forward difference w = (q_{k+1} − q_k)/h,
+
+          p_{k+1} = ∂L/∂v(q_k, w),    p_{k+1} = p_k + h (∂L/∂q(q_k, w) + α(q_k)ᵀλ),
+          α(q_k)·(q_{k+1} − q_{k−1}) = 0.
+
+      For L = |v|²/2 − V(q) this is the symplectic-Euler-like p_{k+1} = p_k − h∇V(q_k) +
+      hα(q_k)ᵀλ, q_{k+1} = q_k + h p_{k+1}, with the multiplier fixed by the centred
+      constraint. It is Dirac-1 (`geomjax.dirac1`) on unconstrained problems. With
+      `constraint="position"` the holonomic rows are φ(q_{k+1}) = 0 in both readings
+      (only nonholonomic rows keep the centred difference).
+
+    **Roots** (`dirac2_oscillator_roots`). On the oscillator L = v²/2 − ω²q²/2 (also the
+    tangential part of a pendulum linearised at rest, ω² = g/ℓ), with a = h²ω², the
+    literal reading's positions satisfy q_{k+1} − q_k − q_{k−1} + q_{k−2} = −2a q_k, with
+    characteristic polynomial z³ + (2a − 1)z² − z + 1: two damped principal roots and a
+    spurious root z = −1 − a/2 − a²/4 + O(a³), |z| > 1 for every h > 0 — a weakly unstable
+    mode alternating in sign, growing by about 1 + h²ω²/2 per step. The centred-constraint
+    reading's roots are those of z² − (2 − a)z + 1 (symplectic Euler: |z| = 1 for hω ≤ 2)
+    and z = 0 (the carried q_{k−1} is not read). In both readings the constraint normal of
+    the linearised pendulum follows δr_{k+1} = δr_{k−1} (roots ±1, on the unit circle).
+
+    The step carries q_{k−1}; its `start` computes q_{−1} by a backward step of `starter`
+    (default Dirac-1 in 16 substeps), so `geomjax.integrate(step, x0, ...)` takes
+    (q₀, p₀) and saves (q, p). The equations are affine in (q_{k+1}, λ) for L quadratic in
+    v and holonomic constraints (one linear solve), else solved by Newton's method
+    (`RESULTS.newton_failed` on failure). Both readings keep φ far better than Dirac-1
+    (their constraint is centred); both trajectories are first order (see
+    `geomjax._step.dirac`). On the Ziegler column (the `ziegler-column` experiment) the
+    literal reading's upper rod turns over, the centred-constraint reading's does not.
+
+    Example (the literal reading's spurious root on the oscillator, hω = 0.5: the
+    sign-alternating mode the starter excites dominates after 200 steps, and the ratio
+    of successive positions is the root; the other reading stays bounded):
 
     ```python
-    >>> import geomjax, jax.numpy as jnp
+    >>> import geomjax, jax.numpy as jnp, numpy as np
+    >>> from geomjax._step.dirac import dirac2_oscillator_roots
+    >>> L = lambda q, v: 0.5 * v @ v - 0.5 * q @ q            # ω = 1
+    >>> h, x0 = 0.5, jnp.array([1.0, 0.0])
+    >>> run = lambda reading: geomjax.integrate(geomjax.dirac2(L, reading=reading), x0, dt=h, steps=200, drift_tol=None).xs[:, 0]
+    >>> q = run("literal")
+    >>> round(float(q[-1] / q[-2]), 9)                       # measured root
+    -1.142138769
+    >>> spurious = min(dirac2_oscillator_roots(h, "literal"), key=lambda z: z.real)
+    >>> round(float(spurious.real), 9), -1 - h**2 / 2 - h**4 / 4   # the root, its expansion
+    (-1.142138769, -1.140625)
+    >>> float(jnp.max(jnp.abs(run("centred_constraint")))) < 1.2
+    True
+    >>> bool(max(abs(dirac2_oscillator_roots(h, "centred_constraint"))) <= 1 + 1e-12)
+    True
+
+    ```
+
+    A pendulum in Cartesian coordinates (the literal reading keeps the constraint far
+    better than Dirac-1):
+
+    ```python
     >>> L = lambda q, v: 0.5 * v @ v - 9.81 * q[1]
     >>> phi = lambda q: jnp.array([q @ q - 1.0])
     >>> x0 = jnp.array([jnp.sin(0.5), -jnp.cos(0.5), 0.0, 0.0])
@@ -367,13 +454,52 @@ def dirac2(
 
     ```
     """
+    if reading not in _READINGS:
+        raise ValueError(f"reading must be one of {_READINGS} (see geomjax.dirac2's docstring), got {reading!r}")
+    literal = reading == "literal"
     return dirac(
         lagrangian,
         holonomic,
         nonholonomic,
-        velocity=centred_difference,
+        velocity=centred_difference if literal else forward_difference,
         history=1,
         constraint=constraint,
         starter=starter,
         newton=newton,
+        constraint_velocity=None if literal else centred_difference,
     )
+
+
+def dirac2_oscillator_roots(h_omega, reading: str = "literal"):
+    """The characteristic roots of `geomjax.dirac2` on the oscillator L = v²/2 − ω²q²/2.
+
+    With a = (hω)²: `"literal"` — the roots of z³ + (2a − 1)z² − z + 1 (from q_{k+1} −
+    q_k − q_{k−1} + q_{k−2} = −2a q_k): a spurious root z = −1 − a/2 − a²/4 + O(a³),
+    outside the unit circle for every hω > 0, and two principal roots of modulus < 1;
+    `"centred_constraint"` — the roots of z(z² − (2 − a)z + 1): symplectic Euler's
+    e^{±iθ}, cos θ = 1 − a/2 (on the unit circle for hω ≤ 2), and 0. These are the
+    eigenvalues of the step's map on (q_k, p_k, q_{k−1}) (checked against its Jacobian in
+    `tests/test_dirac2_readings.py`). Returns a NumPy array of 3 complex roots.
+
+    ```python
+    >>> import numpy as np
+    >>> from geomjax._step.dirac import dirac2_oscillator_roots
+    >>> for hw in (0.1, 0.5, 1.0):
+    ...     z = dirac2_oscillator_roots(hw, "literal")
+    ...     print(hw, round(float(max(abs(z))), 6), round(1 + hw**2 / 2, 6))
+    0.1 1.005025 1.005
+    0.5 1.142139 1.125
+    1.0 1.839287 1.5
+    >>> float(max(abs(dirac2_oscillator_roots(1.0, "centred_constraint"))))
+    1.0
+
+    ```
+    """
+    import numpy as np
+
+    if reading not in _READINGS:
+        raise ValueError(f"reading must be one of {_READINGS}, got {reading!r}")
+    a = float(h_omega) ** 2
+    if reading == "literal":
+        return np.roots([1.0, 2.0 * a - 1.0, -1.0, 1.0]).astype(complex)
+    return np.roots([1.0, a - 2.0, 1.0, 0.0]).astype(complex)

@@ -21,7 +21,7 @@ and its module is listed once in `_MODULES` below. That is all: `geomjax list` s
 and its options, `geomjax reproduce my-experiment [--dt H] [--t-final T] [--quick]` runs it,
 writes `DIR/my-experiment.json` (the metrics), `DIR/my-experiment.npz` (the arrays drawn in
 every figure it saved) and prints the `"summary"` entry of the metrics (a list of flat
-dicts, one per table row) as a table. Every saved figure goes through the readability
+dicts, one per table row) as a table, then its `"findings"` (a list of sentences), if any. Every saved figure goes through the readability
 checks of `_figure_check`. Shared helpers (running methods, invariant errors, JSON,
 log-scale plots, tables, applying the options to a setup) live in
 `geomjax.experiments._common`.

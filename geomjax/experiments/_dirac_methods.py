@@ -5,7 +5,10 @@ Every method is `run(model, x0, h, steps, save_every) -> xs` (saved flat states
 `jax.vmap` over models built from traced parameters works.
 
 - **dirac1**, **dirac2**: seed 003 eq. (7) with q̃ = (q_{k+1} − q_k)/h and
-  q̃ = (q_{k+1} − q_{k−1})/2h: `geomjax.dirac1` and `geomjax.dirac2`.
+  q̃ = (q_{k+1} − q_{k−1})/2h: `geomjax.dirac1` and `geomjax.dirac2` (its literal reading).
+- **dirac2_centred**: `geomjax.dirac2(..., reading="centred_constraint")`, a reconstruction
+  of the ambiguous eq. (7): Dirac-1's momentum equations with the centred constraint
+  α(q_k)·(q_{k+1} − q_{k−1}) = 0.
 - **euler**, **trapezium**, **ab3**, **rk4**, **gauss4**: the named method on the
   index-reduced field `geomjax.dirac_field(model.system)`.
 - **rattle**: `geomjax.rattle(model.system)`.
@@ -48,6 +51,8 @@ def _feedback_run(model, x0, h, steps, save_every):
 RUNS = {
     "dirac1": _step_run(lambda model: geomjax.dirac1(model.lagrangian, holonomic=model.holonomic)),
     "dirac2": _step_run(lambda model: geomjax.dirac2(model.lagrangian, holonomic=model.holonomic)),
+    "dirac2_centred": _step_run(lambda model: geomjax.dirac2(model.lagrangian, holonomic=model.holonomic,
+                                                             reading="centred_constraint")),
     "euler": _field_run("euler"),
     "trapezium": _field_run("trapezoidal"),
     "ab3": _field_run("ab3"),
@@ -60,6 +65,9 @@ RUNS = {
 DESCRIPTIONS = {
     "dirac1": "seed 003 eq. (7), q~ = (q_{k+1} - q_k)/h (geomjax.dirac1)",
     "dirac2": "seed 003 eq. (7), q~ = (q_{k+1} - q_{k-1})/2h (geomjax.dirac2, two-step, Dirac-1 starter)",
+    "dirac2_centred": "seed 003 eq. (7) read with the centred difference in the constraint only: "
+                      "alpha(q_k).(q_{k+1} - q_{k-1}) = 0, momentum as Dirac-1 "
+                      "(geomjax.dirac2(..., reading='centred_constraint'), a reconstruction)",
     "euler": "explicit Euler on the index-reduced field geomjax.dirac_field(system)",
     "trapezium": "trapezoidal rule (implicit) on the index-reduced field",
     "ab3": "3-step Adams-Bashforth on the index-reduced field",
@@ -81,6 +89,8 @@ def target(name, model, h):
         return geomjax.dirac1(model.lagrangian, holonomic=model.holonomic)
     if name == "dirac2":
         return geomjax.dirac2(model.lagrangian, holonomic=model.holonomic)
+    if name == "dirac2_centred":
+        return geomjax.dirac2(model.lagrangian, holonomic=model.holonomic, reading="centred_constraint")
     if name == "rattle":
         return geomjax.rattle(model.system)
     if name == "feedback_euler":
