@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from geomjax._solve import linalg
-from geomjax._solve.linalg import tridiagonal_solve
+from geomjax._solve.linalg import tridiagonal_solve, tridiagonal_solve_pair
 
 SIZES = [1, 2, 3, 4, 8, 9, 33]
 
@@ -101,6 +101,51 @@ def test_derivatives_and_vmap_agree_with_the_dense_solve(k, rng):
     batched = jax.jit(jax.vmap(tridiagonal_solve, in_axes=(None, 0, None, 0)))(args[0], ds, args[2], bs)
     expected = jax.vmap(dense, in_axes=(None, 0, None, 0))(args[0], ds, args[2], bs)
     np.testing.assert_allclose(batched, expected, rtol=1e-12, atol=1e-12)
+
+
+def _pair_dense(dl, d, du, b, c):
+    """x = T⁻¹b and w = T⁻ᵀ(c + x·x₀) densely (a second right side that depends on x)."""
+    t = _dense(dl, d, du)
+    x = jnp.linalg.solve(t, b)
+    return x, jnp.linalg.solve(t.T, c + x * x[0])
+
+
+def _pair(dl, d, du, b, c):
+    return tridiagonal_solve_pair(dl, d, du, b, lambda x: c + x * x[0])
+
+
+@pytest.mark.parametrize("kind", [_dominant, _spd])
+@pytest.mark.parametrize("k", SIZES)
+def test_pair_agrees_with_two_dense_solves(k, kind, rng):
+    args = tuple(map(jnp.asarray, kind(rng, k) + (rng.normal(size=k), rng.normal(size=k))))
+    cond = float(np.linalg.cond(np.asarray(_dense(*args[:3]))))
+    for got, ref in zip(jax.jit(_pair)(*args), _pair_dense(*args)):
+        assert float(jnp.max(jnp.abs(got - ref))) <= 1e-13 * cond * float(jnp.max(jnp.abs(ref)))
+
+
+@pytest.mark.parametrize("k", [3, 9])
+@pytest.mark.parametrize("eps", [0.0, 1e-12])
+def test_pair_flags_a_failing_pivot_in_both_solves(k, eps):
+    dl, d, du = _zero_pivot(k)
+    d[1] += eps
+    b = jnp.arange(1.0, k + 1)
+    x, w = jax.jit(_pair)(*map(jnp.asarray, (dl, d, du)), b, b)
+    assert not bool(jnp.all(jnp.isfinite(x))) and not bool(jnp.all(jnp.isfinite(w)))
+
+
+@pytest.mark.parametrize("k", [3, 9])
+def test_pair_derivatives_and_vmap_agree_with_the_dense_solves(k, rng):
+    args = tuple(map(jnp.asarray, _dominant(rng, k) + (rng.normal(size=k), rng.normal(size=k))))
+    tangents = tuple(jnp.asarray(rng.normal(size=k)) for _ in range(5))
+    for a, b in zip(jax.jvp(_pair, args, tangents)[1], jax.jvp(_pair_dense, args, tangents)[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+    cots = (jnp.asarray(rng.normal(size=k)), jnp.asarray(rng.normal(size=k)))
+    for a, b in zip(jax.vjp(_pair, *args)[1](cots), jax.vjp(_pair_dense, *args)[1](cots)):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+    ds = args[1] + 0.1 * jnp.asarray(rng.normal(size=(4, k)))
+    axes = (None, 0, None, None, None)
+    for a, b in zip(jax.jit(jax.vmap(_pair, in_axes=axes))(args[0], ds, *args[2:]), jax.vmap(_pair_dense, in_axes=axes)(args[0], ds, *args[2:])):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
 
 
 def test_tridiagonal_solve_has_no_lapack_call():

@@ -126,24 +126,86 @@ def _thomas_apply_unrolled(mults, pivots, du, b):
     return jnp.stack(x[::-1])
 
 
-def _thomas_looped(dl, d, du, b):
-    """Thomas elimination as two `fori_loop`s over the rows (forward elimination with the
-    factors, back substitution), each one small loop that XLA's CPU backend compiles into a
-    single call; the arrays are indexed in place, nothing is sliced or stacked around them."""
-    k = d.shape[0]
+def _thomas_factor_forward(dl, d, du, b):
+    """Factorization and forward elimination in one `lax.scan` over the rows i = 0..k−1:
 
-    def forward(i, carry):
-        pivots, y = carry
-        mult, pivot = _thomas_row(dl[i], d[i], du[i - 1], pivots[i - 1])
-        return pivots.at[i].set(pivot), y.at[i].set(b[i] - mult * y[i - 1])
+        lᵢ = dlᵢ rᵢ₋₁,   uᵢ = dᵢ − lᵢ duᵢ₋₁ (NaN when the row fails the growth check),
+        rᵢ = 1 / uᵢ,     yᵢ = bᵢ − lᵢ yᵢ₋₁,
 
-    pivots, y = lax.fori_loop(1, k, forward, (d, b))
+    with r₋₁ = du₋₁ = y₋₁ = 0 (so row 0 gives u₀ = d₀, l₀ = 0; dl₀ = 0). Returns (r, l, y):
+    the pivots as reciprocals, which the substitutions multiply by, so the only division
+    is the one on the factorization's own recurrence. The neighbours (rᵢ₋₁, duᵢ₋₁, yᵢ₋₁)
+    are carried as scalars and every output has the full length k, so nothing is
+    shifted, sliced or concatenated around the loop (see `tridiagonal_solve_pair`)."""
 
-    def backward(j, x):
-        i = k - 2 - j
-        return x.at[i].set((y[i] - du[i] * x[i + 1]) / pivots[i])
+    def row(carry, xs):
+        r_prev, du_prev, y_prev = carry
+        dl_i, d_i, du_i, b_i = xs
+        mult = dl_i * r_prev
+        fill = mult * du_prev
+        pivot = d_i - fill
+        # |L||U| and |T| agree off the diagonal; on it they are |l_i du_{i−1}| + |u_i| and
+        # |d_i|. A NaN or infinite fill (a zero pivot above) fails the comparison too.
+        ok = jnp.abs(fill) + jnp.abs(pivot) <= _THOMAS_GROWTH_MAX * (jnp.abs(dl_i) + jnp.abs(d_i) + jnp.abs(du_prev))
+        r = 1.0 / jnp.where(ok, pivot, jnp.nan)
+        y = b_i - mult * y_prev
+        return (r, du_i, y), (r, mult, y)
 
-    return lax.fori_loop(0, k - 1, backward, y / _lead(pivots, y))
+    zero = jnp.zeros((), d.dtype)
+    _, out = lax.scan(row, (zero, zero, jnp.zeros_like(b[0])), (dl, d, du, b))
+    return out
+
+
+def _thomas_back(du, r, y):
+    """U x = y, reverse `lax.scan`: xᵢ = (yᵢ − duᵢ xᵢ₊₁) rᵢ, x_k = 0."""
+
+    def row(x_next, xs):
+        du_i, r_i, y_i = xs
+        x = (y_i - du_i * x_next) * r_i
+        return x, x
+
+    return lax.scan(row, jnp.zeros_like(y[0]), (du, r, y), reverse=True)[1]
+
+
+def _thomas_forward_transposed(du, r, b):
+    """Uᵀ z = b (Uᵀ has sub-diagonal du): zᵢ = (bᵢ − duᵢ₋₁ zᵢ₋₁) rᵢ, duᵢ₋₁ carried."""
+
+    def row(carry, xs):
+        z_prev, du_prev = carry
+        du_i, r_i, b_i = xs
+        z = (b_i - du_prev * z_prev) * r_i
+        return (z, du_i), z
+
+    return lax.scan(row, (jnp.zeros_like(b[0]), jnp.zeros((), du.dtype)), (du, r, b))[1]
+
+
+def _thomas_back_transposed(mults, z):
+    """Lᵀ x = z (Lᵀ unit upper, super-diagonal lᵢ₊₁): xᵢ = zᵢ − lᵢ₊₁ xᵢ₊₁, lᵢ₊₁ carried."""
+
+    def row(carry, xs):
+        x_next, mult_next = carry
+        mult_i, z_i = xs
+        x = z_i - mult_next * x_next
+        return (x, mult_i), x
+
+    return lax.scan(row, (jnp.zeros_like(z[0]), jnp.zeros((), mults.dtype)), (mults, z), reverse=True)[1]
+
+
+def _thomas_solve_looped(dl, d, du, b):
+    """T x = b by the scans: factorization with forward elimination, back substitution."""
+    r, _, y = _thomas_factor_forward(dl, d, du, b)
+    return _thomas_back(du, r, y)
+
+
+def _thomas_solve_transposed_looped(dl, d, du, b, factors=None):
+    """Tᵀ x = b with T's factors: Tᵀ = UᵀLᵀ, forward with Uᵀ, back with Lᵀ (factorized
+    here unless `factors` = (r, l) are given)."""
+    r, mults = factors if factors is not None else _thomas_factor_forward(dl, d, du, jnp.zeros_like(b))[:2]
+    return _thomas_back_transposed(mults, _thomas_forward_transposed(du, r, b))
+
+
+def _tridiagonal_matvec(dl, d, du, x):
+    return _lead(d, x) * x + _lead(dl, x) * _shift(x, -1) + _lead(du, x) * _shift(x, 1)
 
 
 def _lead(coefficients, like):
@@ -167,12 +229,16 @@ def tridiagonal_solve(dl, d, du, b):
         y₀ = b₀,   yᵢ = bᵢ − lᵢ yᵢ₋₁,
         x_{k−1} = y_{k−1} / u_{k−1},   xᵢ = (yᵢ − duᵢ xᵢ₊₁) / uᵢ,
 
-    written out at trace time for k ≤ 4; above, two `fori_loop`s (forward, backward) inside
-    `lax.custom_linear_solve`, whose derivative rules solve with T and Tᵀ. Plain arithmetic,
+    written out at trace time for k ≤ 4; above, two `lax.scan`s (factorization with forward
+    elimination, back substitution; `_thomas_factor_forward`) inside
+    `lax.custom_linear_solve`, whose derivative rules solve with T and Tᵀ (Tᵀ = UᵀLᵀ, the
+    same factors). The scans carry the neighbouring row as scalars and multiply by the
+    reciprocal pivots; `tridiagonal_solve_pair` gives their measurements. Plain arithmetic,
     no LAPACK call: a custom call is a separate runtime step (a thunk) per call on the CPU,
     and a loop holding one is never compiled into a single native call, as XLA's CPU
-    backend does for a loop that holds no custom call and touches under 1 KiB per
-    iteration (the runs of small systems: 4–11× faster then). Above k = 4 the
+    backend does for a loop that holds no custom call and whose body accesses under about
+    64 kB per iteration by XLA's cost analysis (the runs of small systems: 4–11× faster
+    then). Above k = 4 the
     elimination is kept out of `geomjax.internal.simplify`'s scalar graph, as the LAPACK
     call was: on larger fields that graph is run step by step, one thunk per cluster of
     scalar operations, and ran 3–10× slower than with the LAPACK call (planar chain, RK4,
@@ -216,14 +282,70 @@ def tridiagonal_solve(dl, d, du, b):
         mults, pivots = _thomas_factor_unrolled(dl, d, du)
         return _thomas_apply_unrolled(mults, pivots, du, b)
 
-    def matvec(x):
-        return _lead(d, x) * x + _lead(dl, x) * _shift(x, -1) + _lead(du, x) * _shift(x, 1)
-
-    # Tᵀ has sub-diagonal T[i−1, i] = du[i−1] and super-diagonal T[i+1, i] = dl[i+1].
-    dl_t, du_t = _shift(du, -1), _shift(dl, 1)
     return lax.custom_linear_solve(
-        matvec,
+        lambda x: _tridiagonal_matvec(dl, d, du, x),
         b,
-        lambda _, rhs: _thomas_looped(dl, d, du, rhs),
-        lambda _, rhs: _thomas_looped(dl_t, d, du_t, rhs),
+        lambda _, rhs: _thomas_solve_looped(dl, d, du, rhs),
+        lambda _, rhs: _thomas_solve_transposed_looped(dl, d, du, rhs),
     )
+
+
+def tridiagonal_solve_pair(dl, d, du, b, second_rhs):
+    """x = T⁻¹ b and w = T⁻ᵀ c with c = `second_rhs(x)`, T tridiagonal as in
+    `tridiagonal_solve` and b of shape (k,): two solves with one factorization. O(k).
+
+    Tᵀ = UᵀLᵀ with T's own factors (the growth check of a row of T is the check of the same
+    row of Tᵀ: Thomas elimination of Tᵀ has the same pivots, and |L||U| and |Uᵀ||Lᵀ| are
+    transposes of each other, so the backward-error bound of `tridiagonal_solve` holds
+    for both solves). Four `lax.scan`s: factorization with the forward elimination of b,
+    back substitution, then forward with Uᵀ and back with Lᵀ; the pivots enter as
+    reciprocals computed in the first, so the three others hold no division. Each solve
+    is a `lax.custom_linear_solve` (jvp and vjp solve with T and Tᵀ); the first returns
+    the factors as auxiliary outputs for the second.
+
+    Measured inside the planar chain's derived Dirac field (explicit Euler in the hand
+    loop of benchmarks/chain_scaling.py, N = k links, shared 2-core CPU), against the two
+    `tridiagonal_solve` calls with their `fori_loop`s this replaced: N = 8 606 → 502 ns
+    per step, N = 16 1188 → 935, N = 32 2352 → 1740 (fori-loop Thomas with separately
+    sliced, shifted and concatenated arrays put the N = 32 loop body over XLA's CPU
+    small-loop size, 64 kB of bytes accessed, past which the whole run is no longer
+    compiled into one call: 2–4× slower). Through `geomjax.integrate` (same box, under
+    load, interleaved) the gain is smaller: Euler N = 8 764 → 713, N = 16 1588 → 1397,
+    N = 32 4260 → 4151 ns, RK4 N = 32 26297 → 17912; at N = 32 the driver's loops are over
+    that size limit with either solve (4 of 6 loops compiled as single calls). Up to
+    k = 4 it is `tridiagonal_solve` twice, written out.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> from geomjax._solve.linalg import tridiagonal_solve_pair
+    >>> dl, d, du = jnp.array([0., 1., 1., 1., 1.]), jnp.full(5, 4.), jnp.array([2., 2., 2., 2., 0.])
+    >>> T = jnp.diag(d) + jnp.diag(dl[1:], -1) + jnp.diag(du[:-1], 1)
+    >>> x, w = tridiagonal_solve_pair(dl, d, du, jnp.arange(5.), lambda x: x + 1.0)
+    >>> bool(jnp.allclose(T @ x, jnp.arange(5.))) and bool(jnp.allclose(T.T @ w, x + 1.0))
+    True
+
+    ```
+    """
+    if d.shape[0] <= _THOMAS_UNROLL_MAX:
+        x = tridiagonal_solve(dl, d, du, b)
+        return x, tridiagonal_solve(_shift(du, -1), d, _shift(dl, 1), second_rhs(x))
+
+    def solve(_, rhs):
+        r, mults, y = _thomas_factor_forward(dl, d, du, rhs)
+        return _thomas_back(du, r, y), (r, mults)
+
+    def transpose_solve(_, rhs):
+        r, mults, _ = _thomas_factor_forward(dl, d, du, jnp.zeros_like(rhs))
+        return _thomas_solve_transposed_looped(dl, d, du, rhs, (r, mults)), (r, mults)
+
+    x, factors = lax.custom_linear_solve(
+        lambda v: _tridiagonal_matvec(dl, d, du, v), b, solve, transpose_solve, has_aux=True
+    )
+    # Tᵀ has sub-diagonal T[i−1, i] = du[i−1] and super-diagonal T[i+1, i] = dl[i+1].
+    w = lax.custom_linear_solve(
+        lambda v: _tridiagonal_matvec(_shift(du, -1), d, _shift(dl, 1), v),
+        second_rhs(x),
+        lambda _, rhs: _thomas_solve_transposed_looped(dl, d, du, rhs, factors),
+        lambda _, rhs: _thomas_solve_looped(dl, d, du, rhs),
+    )
+    return x, w
