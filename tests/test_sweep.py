@@ -211,12 +211,22 @@ def test_drift_message_names_the_quantity_as_integrate_does():
         model = geomjax.models.spherical_pendulum(g=g)
         return geomjax.dirac_field(model.system), model.x0
 
-    result = geomjax.sweep(member, geomjax.zipped(g=[1.0, 0.25]), dt=1e-3, steps=6000, save_every=100)
+    result = geomjax.sweep(member, geomjax.zipped(g=[1.0, 0.25]), dt=1e-3, steps=6000, save_every=100, method="euler")
     alone = geomjax.integrate(*member(1.0), dt=1e-3, steps=6000, save_every=100, method="euler", throw=False)
     assert int(result.failed_step[0]) == int(alone.failed_step) == 5000
     detail = alone.message.split("geomjax.check_gains)")[1]
     assert detail.startswith(". At that save the first integral H had drifted by 0.0102629")
     assert result.message(0).endswith(detail)
+
+
+def test_default_method_is_integrates():
+    """Without `method=`, a sweep uses `integrate`'s default for each field: RK4 for a
+    Dirac field (explicit Euler for a feedback field)."""
+    model = geomjax.models.spherical_pendulum()
+    field = geomjax.dirac_field(model.system)
+    result = geomjax.sweep(lambda g: (field, model.x0), geomjax.zipped(g=[1.0]), dt=0.05, steps=20)
+    rk4 = geomjax.integrate(field, model.x0, dt=0.05, steps=20, method="rk4")
+    np.testing.assert_allclose(np.asarray(result.xs)[0, -1], np.asarray(rk4.xs)[-1], rtol=0, atol=1e-14)
 
 
 def test_chunks_and_progress_give_the_same_result(sweeps, capsys):

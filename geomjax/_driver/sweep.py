@@ -22,7 +22,7 @@ from .._validate import as_state, check_call_args, check_positive_step, check_ru
 from .batched import batch_members, holds_member_values, reachable_tracers
 from .common import begin, compiled_call, nan_max
 from .grid import as_grid
-from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, runs_whole
+from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, default_method, runs_whole
 from .loop_choice import auto_loop, step_profile
 from .sweep_result import SweepResult
 
@@ -135,13 +135,19 @@ def _one_step_profile(step, x0, dt, t0, args):
     return found[0], found[1]
 
 
+def _step_of(method, target):
+    """The step of `method` for the field `target` (`method=None`: `integrate`'s default for
+    that field, `default_method`)."""
+    return build_step(default_method(target) if method is None else method, target)
+
+
 def _maker(build, method, is_step):
     """member values ↦ (that member's step, its x0)."""
 
     def make(member):
         target, x0 = _split_build(build(**member))
         target, _ = _target(target, method)
-        target = target if is_step else build_step(method, target)
+        target = target if is_step else _step_of(method, target)
         return target, jnp.asarray(x0, jnp.float64)
 
     return make
@@ -252,7 +258,7 @@ def sweep(
     *,
     dt,
     steps: int,
-    method="euler",
+    method=None,
     save_every: int | None = None,
     t0=0.0,
     args=None,
@@ -360,20 +366,21 @@ def sweep(
         # anything compiles; value checks are left to each member's status.
         target, x0 = _split_build(build(**member))
         target, is_step = _target(target, method)
-        if not is_step and not isinstance(method, str):
+        if not is_step and not (method is None or isinstance(method, str)):
             raise TypeError(f"sweep takes a method name (a fixed-step method), got {type(method).__name__}")
         x0 = as_state(x0, target.dim, "x0 of the first member")
         check_call_args(target, x0, args)
-        step = target if is_step else build_step(method, target)
+        step = target if is_step else _step_of(method, target)
         choice = (layout, unroll)
         if "auto" in choice:
             constant, profile = (True, None) if platform == "cpu" else _one_step_profile(step, x0, dt, t0, args)
             picked = auto_loop(platform, constant, profile, layout)
             choice = (picked[0], picked[1] if unroll == "auto" else unroll)
-        return is_step, step.quantity_labels(x0), choice
+        resolved = method if (is_step or method is not None) else default_method(target)
+        return is_step, step.quantity_labels(x0), choice, resolved
 
     kind = (build, method, layout, unroll, platform, jax.tree_util.tree_structure(args))
-    is_step, labels, (layout, unroll) = _probe(probe, first, kind)
+    is_step, labels, (layout, unroll), method = _probe(probe, first, kind)
     pieces = []
     starts = list(range(0, grid.size, chunk_size))
     for c, start in enumerate(starts):
