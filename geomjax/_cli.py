@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="geomjax",
-        description="Reproduce the experiments of the geomjax seed papers.",
+        description="Reproduce the experiments of the geomjax papers.",
     )
     parser.add_argument("--version", action="version", version=f"geomjax {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,6 +1,6 @@
 """Order conditions of parametrised one-step methods, found by Taylor expansion in h.
 
-The procedure of seed 004 (Hamdouni–Salnikov 2021), automated. A family of one-step
+The procedure of Hamdouni and Salnikov (2021), automated. A family of one-step
 methods Φ_h(x; θ) has coefficients θ = (θ₁, …, θ_k) (for example a, b, c, d). A *defect*
 d(θ, problem, h) measures how far one step is from having a property: the symplecticity
 defect DΦ_hᵀ J DΦ_h − J, the algebraic relations p = ∂L/∂v and α(q)·v = 0 at the end of a
@@ -491,10 +491,10 @@ def order_conditions(
     coefficient vanishes identically.
 
     Consistent families (whose stages sit at the state when h = 0) have Taylor
-    coefficients polynomial in θ at every state. An inconsistent one (seed 004's
+    coefficients polynomial in θ at every state. An inconsistent one (Hamdouni and Salnikov's (2021)
     q̄ = a q + b q⁺ with a + b ≠ 1) evaluates the problem at θ-dependent points already at
     h = 0; sample its states at the origin of polynomial problems (their jets there are
-    arbitrary), which is the expansion about the frozen point that seed 004 does by hand.
+    arbitrary), which is the expansion about the frozen point that Hamdouni and Salnikov (2021) does by hand.
 
     The conditions span the sampled polynomials; a ValueError says when the samples were
     too few to saturate that span, when no polynomial of the degrees tried fits, or when a
@@ -720,7 +720,7 @@ def solve_conditions(
 
     **Returns:** a dict name → float. Raises `ValueError` when Newton does not reach `tol`.
 
-    Example (symplectic Euler from the conditions of seed 004, under consistency):
+    Example (symplectic Euler from the conditions of Hamdouni and Salnikov (2021), under consistency):
 
     ```python
     >>> import geomjax

@@ -650,7 +650,7 @@ def _start_checks(target, x0, start_tol) -> None:
 
 def default_method(field) -> str:
     """The method `integrate` uses for `field` when none is given: `"euler"` for feedback
-    fields (feedback Euler, the integrator of seed 000 and of Bae & Chang's adaptive gain,
+    fields (feedback Euler, the integrator of Chang, Perlmutter and Vankerschaver (2022) and of Bae & Chang's adaptive gain,
     whose gains are chosen for it: `feedback_field(..., dt=h)`), `"rk4"` (explicit, order
     4) for every other field (Dirac, nonholonomic, contact fields, plain callables)."""
     from .._field.feedback import AbstractFeedbackField
@@ -661,7 +661,7 @@ def default_method(field) -> str:
 _DEFAULT_METHOD_NOTES = {
     "euler": (
         "The method was the default for a feedback field, explicit Euler (feedback Euler, as in "
-        "seed 000): first order, and it keeps the constraints and first integrals only through "
+        "Chang, Perlmutter and Vankerschaver (2022)): first order, and it keeps the constraints and first integrals only through "
         "the feedback, whose gains must keep h·λ_max(L∇²V) < 2 (geomjax.check_gains). Choose "
         'another with method=, e.g. method="rk4", or a constraint-preserving step (geomjax.rattle)'
     ),

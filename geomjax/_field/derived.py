@@ -218,7 +218,7 @@ def dirac_multipliers(data: ConstraintData):
 
 
 def dirac_vector(data: ConstraintData, multipliers=None):
-    """X = X_H − Σ_j c_j X_{f_j} with c = C⁻ᵀh (seed 000 eq. 4), from precomputed data.
+    """X = X_H − Σ_j c_j X_{f_j} with c = C⁻ᵀh (Chang, Perlmutter and Vankerschaver (2022) eq. 4), from precomputed data.
 
     `multipliers` may pass c when the caller has already computed it.
     """

@@ -1,4 +1,4 @@
-"""The Dirac-extended Hamiltonian vector field (seed 000, Theorem 1 and eq. 4)."""
+"""The Dirac-extended Hamiltonian vector field (Chang, Perlmutter and Vankerschaver (2022), Theorem 1 and eq. 4)."""
 
 import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float
@@ -56,7 +56,7 @@ def dirac_field(system: System) -> DiracField:
     """The Dirac-extended Hamiltonian vector field of a constrained system.
 
     With second-class constraint functions f = (f₁, …, f₂ₖ) and C_ij = {f_i, f_j}
-    (invertible near S = level set of f), seed 000 eq. (1)/(4):
+    (invertible near S = level set of f), Chang, Perlmutter and Vankerschaver (2022) eq. (1)/(4):
 
     X(x) = X_H(x) − Σ_ij (C⁻¹)_ij(x) {H, f_i}(x) X_{f_j}(x).
 

@@ -260,7 +260,7 @@ class AbstractFeedbackField(SystemField):
 
 
 class FeedbackField(AbstractFeedbackField):
-    """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (seed 000 eq. 6);
+    """Y(x) = X(x) − L ∇V(x), V = ½(F − F₀)ᵀK(F − F₀), F = (f, H, I) (Chang, Perlmutter and Vankerschaver (2022) eq. 6);
     on an embedded group V also has k₀/4‖D‖² (`embedding_gain` k₀)."""
 
     system: System
@@ -352,7 +352,7 @@ def feedback_field(
     dt: float | None = None,
     method: str = "euler",
 ) -> AbstractFeedbackField:
-    """The feedback-integrator field Y = X − L∇V of seed 000 §2.2.
+    """The feedback-integrator field Y = X − L∇V of Chang, Perlmutter and Vankerschaver (2022) §2.2.
 
     With F = (f, H, I) (constraint functions, Hamiltonian, extra integrals, in that order),
     F₀ = F(x₀) and a positive-definite K,
@@ -363,9 +363,9 @@ def feedback_field(
     V⁻¹(0) is invariant and, with the feedback term, attracting: trajectories of any
     off-the-shelf integrator are pulled back to the constraint set and the level set of
     the integrals. With explicit Euler the feedback term is stiff: stability needs roughly
-    h·λ_max(L∇²V) < 2 (for seed 000's pendulum with k = 50 and h = 1e−3 this holds).
+    h·λ_max(L∇²V) < 2 (for Chang, Perlmutter and Vankerschaver's (2022) pendulum with k = 50 and h = 1e−3 this holds).
 
-    For a nonholonomic system (`System(..., nonholonomic=omega)`, seed 001) X is the
+    For a nonholonomic system (`System(..., nonholonomic=omega)`, Chang and Perlmutter (2019)) X is the
     extended field `geomjax.nonholonomic_field(system)` and F = (J, H_ext, integrals) with
     target J = 0. On an embedded group (`left_trivialised_so3/se2`), with or without
     constraints, V also gets k₀/4‖D‖² (D = RᵀR − I or cos² + sin² − 1), k₀ being one
@@ -405,7 +405,7 @@ def feedback_field(
     uses it (gains, x0 and parameters may be traced there), or jit the builder with
     `equinox.filter_jit(geomjax.feedback_field)`, which treats the functions as static.
 
-    Example (seed 000 §2.3, k₁..k₄ = 50):
+    Example (Chang, Perlmutter and Vankerschaver (2022) §2.3, k₁..k₄ = 50):
 
     ```python
     >>> import geomjax
@@ -446,7 +446,7 @@ def feedback_field(
         unit = feedback_field(system, x0, 1.0, metric, target=target, start_tol=start_tol)
         return _with_chosen_gains(unit, x0, dt, method)
     if isinstance(system, NonholonomicSystem):
-        # F = (J, H_ext, integrals) on the extended nonholonomic field (seed 001).
+        # F = (J, H_ext, integrals) on the extended nonholonomic field (Chang and Perlmutter (2019)).
         from .nonholonomic import nonholonomic_feedback_field
 
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target, start_tol=start_tol)

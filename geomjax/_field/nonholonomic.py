@@ -1,4 +1,4 @@
-"""Nonholonomic systems: the extension off the constraint set and its feedback field (seed 001).
+"""Nonholonomic systems: the extension off the constraint set and its feedback field (Chang and Perlmutter (2019)).
 
 A nonholonomic system is a Hamiltonian H on a phase space whose states split into a
 configuration piece and a momentum piece m (T*Rⁿ: (q, p); left-trivialised bundles:
@@ -7,7 +7,7 @@ configuration piece and a momentum piece m (T*Rⁿ: (q, p); left-trivialised bun
     ω(q)·v = 0,    v = ∂H/∂m (the velocity; on T*Rⁿ, q̇),
 
 ω a (k, d) array of one-forms, not necessarily orthonormal. Everything else is derived by
-autodiff (seed 001 §2, Remark 2.4; reconstructed, checked in tests/test_nonholonomic.py):
+autodiff (Chang and Perlmutter (2019) §2, Remark 2.4; reconstructed, checked in tests/test_nonholonomic.py):
 
     J = ω ∂H/∂m                          constraint momenta, the constraint set is J = 0
     C_ab = ⟨∂J_a/∂m, ω_b⟩                 (= ω M⁻¹ ωᵀ for H = ½ mᵀM⁻¹m + U)
@@ -159,7 +159,7 @@ def _extended_field(system, z, weights=None, embedding_gain=None):
 
 
 class NonholonomicField(SystemField):
-    """The extended nonholonomic field ẋ = B∇H_ext + (0, ωᵀλ), λ = −C⁻¹{J, H_ext} (seed 001 §2).
+    """The extended nonholonomic field ẋ = B∇H_ext + (0, ωᵀλ), λ = −C⁻¹{J, H_ext} (Chang and Perlmutter (2019) §2).
 
     Built by `geomjax.nonholonomic_field(system)`. Besides `field(x)` it evaluates the
     derived quantities on flat states: `momenta(x)` (J), `matrix(x)` (C),
@@ -197,7 +197,7 @@ class NonholonomicField(SystemField):
 
 
 def nonholonomic_field(system: System) -> NonholonomicField:
-    """The extension of a nonholonomic system to its whole phase space (seed 001 §2).
+    """The extension of a nonholonomic system to its whole phase space (Chang and Perlmutter (2019) §2).
 
     With constraint one-forms ω (rows need not be orthonormal), all derived by autodiff:
 
@@ -300,7 +300,7 @@ def project_nonholonomic(system: System, x: Float[ArrayLike, " n"]) -> Float[Arr
 
 
 class NonholonomicFeedbackField(AbstractFeedbackField):
-    """Y = X − L∇V for a nonholonomic system (seed 001 §2.4 with the extended field X).
+    """Y = X − L∇V for a nonholonomic system (Chang and Perlmutter (2019) §2.4 with the extended field X).
 
     V = ½ ΔᵀKΔ with Δ = (J, H_ext − H₀, I − I₀), plus k₀/4 ‖D‖² for an embedded structure
     (D = RᵀR − I or cos² + sin² − 1). Built by `geomjax.feedback_field`.

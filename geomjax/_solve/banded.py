@@ -3,7 +3,7 @@
 If the structural pattern of a k × k Jacobian J = ∂F/∂x (read off F's jaxpr by
 `geomjax.internal.sparsity.jacobian_pattern`: sound, never misses a dependence) has
 bandwidth b, columns whose rows do not overlap can be evaluated together
-(Curtis–Powell–Reed): with a colouring of the columns (`greedy_coloring`) and the seed
+(Curtis–Powell–Reed): with a colouring of the columns (`greedy_coloring`) and the paper
 s_c = Σ_{colour(j) = c} e_j, the product J s_c holds, in row i, the entry J[i, j] of the
 one column j of colour c that row i may touch. For a tridiagonal pattern there are three
 colours whatever k, so three Jacobian-vector products give the whole matrix, where the
@@ -112,7 +112,7 @@ class TridiagonalJacobian(eqx.Module):
         return cls.from_pattern(pattern) if pattern.shape == (k, k) else None
 
     def diagonals(self, compressed):
-        """(dl, d, du) from the products with the seeds, shape (c, k)."""
+        """(dl, d, du) from the products with the papers, shape (c, k)."""
         return tuple(pick_diagonal(compressed, w) for w in self.weights)
 
     def of_linear(self, linear, dtype):

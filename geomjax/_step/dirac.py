@@ -1,6 +1,6 @@
 """Dirac integrators of implicit Lagrangian systems: Dirac-1, Dirac-2 and their family.
 
-Seed 003 (Salnikov–Hamdouni, §III.B) discretises the implicit Lagrangian system
+Salnikov and Hamdouni (2019), §III.B discretises the implicit Lagrangian system
 (`geomjax._system.implicit`) q̇ = v, ṗ = ∂L/∂q + α(q)ᵀλ, p = ∂L/∂v, α(q)·v = 0 by
 replacing the velocity with an approximation q̃ built from positions (the inverse of a
 retraction), ∂L/∂q by ∂L_d/∂q_k and ∂L/∂v by ∂L_d/∂q_k⁺, with L_d = h L(q_k, q̃). For
@@ -17,16 +17,16 @@ rule) and q̃ = (q_{k+1} − q_{k−1})/2h for **Dirac-2** (a two-step method). 
 is scaled by h, so λ approximates the continuous multiplier. Every derivative comes from
 autodiff of the user's L and φ (α = Dφ for holonomic constraints).
 
-**What the seed leaves open, and the choices made here.**
+**What the paper leaves open, and the choices made here.**
 
-- The velocity approximation is the design freedom the seed stresses: `geomjax.dirac`
+- The velocity approximation is the design freedom the paper stresses: `geomjax.dirac`
   takes any callable `velocity(past, q, q_next, h) ↦ q̃`, with `past` the `history`
   positions before q_k (oldest first); Dirac-1 and Dirac-2 are two such callables.
 - A two-step method needs q_{−1}: the step's `start` computes it with a backward step of
   size −h of a one-step `starter` (default: Dirac-1 in 16 substeps), so that
   `geomjax.integrate(step, x0, ...)` starts from (q₀, p₀) alone and saves (q, p).
-- The seed imposes the constraint at the velocity level, α(q_k)·q̃ = 0, so the holonomic
-  constraint φ(q) drifts (seed Table I: 0.952 for Dirac-1 after 100 periods).
+- The paper imposes the constraint at the velocity level, α(q_k)·q̃ = 0, so the holonomic
+  constraint φ(q) drifts (paper Table I: 0.952 for Dirac-1 after 100 periods).
   `constraint="position"` imposes φ(q_{k+1}) = 0 instead (kept to Newton tolerance; the
   nonholonomic rows stay at the velocity level).
 
@@ -36,7 +36,7 @@ Dirac-2 as printed is first order too, not second: eliminating p, its positions 
 q_{k+1} − q_k − q_{k−1} + q_{k−2} = 2h² M⁻¹ ∂L/∂q(q_k) (+ constraint forces), a linear
 multistep recurrence with ρ(ζ) = (ζ − 1)²(ζ + 1), σ(ζ) = 2ζ², whose error constant
 ρ(eʰ) − h²σ(eʰ) = −h³ + O(h⁴) is of order 1; on the harmonic oscillator it damps the
-amplitude by e^{−ht/4}. Its "order 2" (seed Table I) is that of its velocity
+amplitude by e^{−ht/4}. Its "order 2" (paper Table I) is that of its velocity
 approximation and of its constraint, α(q_k)·(q_{k+1} − q_{k−1})/2h = 0, which is why
 it keeps the constraint far better than Dirac-1. The root ζ = −1 of ρ is a parasitic
 mode: it can grow on nonlinear problems (the `pendulum-dirac` experiment at 141 steps
@@ -260,7 +260,7 @@ def dirac(
     newton: Newton | None = None,
     constraint_velocity: Callable | None = None,
 ) -> DiracStep:
-    """A Dirac integrator (seed 003 §III.B) with a velocity approximation of your choice.
+    """A Dirac integrator (Salnikov and Hamdouni (2019) §III.B) with a velocity approximation of your choice.
 
     One step (q_k, p_k) ↦ (q_{k+1}, p_{k+1}) of size h solves, for q_{k+1} and λ,
 
@@ -283,7 +283,7 @@ def dirac(
       a retraction); `past` is the tuple of the `history` positions before q (oldest
       first). Default: the forward difference (Dirac-1).
     - `history`: how many past positions `velocity` reads (0 for a one-step method).
-    - `constraint`: `"velocity"` (the seed's α(q_k)·q̃ = 0) or `"position"` (φ(q_{k+1}) = 0
+    - `constraint`: `"velocity"` (the paper's α(q_k)·q̃ = 0) or `"position"` (φ(q_{k+1}) = 0
       for the holonomic rows).
     - `starter`: a one-step geomjax step on (q, p) that computes the past positions by
       backward steps (default: Dirac-1 with the same constraints, in 16 substeps).
@@ -333,14 +333,14 @@ def dirac(
 
 
 def dirac1(lagrangian, holonomic: Callable | None = None, nonholonomic=None, *, constraint: str = "velocity", newton: Newton | None = None) -> DiracStep:
-    """Dirac-1 (seed 003 eq. (7), q̃ = (q_{k+1} − q_k)/h): a first-order Dirac integrator.
+    """Dirac-1 (Salnikov and Hamdouni (2019) eq. (7), q̃ = (q_{k+1} − q_k)/h): a first-order Dirac integrator.
 
     Solves p_{k+1} = ∂L/∂v(q_k, q̃), p_{k+1} = p_k + h(∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
     α(q_k)·q̃ = 0 for (q_{k+1}, λ), with every derivative by autodiff of `lagrangian(q, v)`
     and `holonomic(q)` (α = Dφ). Arguments as for `geomjax.dirac`; a step for
     `geomjax.integrate` on x = (q, p).
 
-    Example (seed 003 §IV.A's pendulum in Cartesian coordinates):
+    Example (Salnikov and Hamdouni (2019) §IV.A's pendulum in Cartesian coordinates):
 
     ```python
     >>> import geomjax, jax.numpy as jnp
@@ -372,7 +372,7 @@ def dirac2(
     starter: AbstractStep | None = None,
     newton: Newton | None = None,
 ) -> DiracStep:
-    """Dirac-2 (seed 003 §III.B, q̃ = (q_{k+1} − q_{k−1})/2h): a two-step Dirac integrator.
+    """Dirac-2 (Salnikov and Hamdouni (2019) §III.B, q̃ = (q_{k+1} − q_{k−1})/2h): a two-step Dirac integrator.
 
     V. Salnikov and A. Hamdouni, "From modelling of systems with constraints to generalized
     geometry and back to numerics" (ZAMM 2019, arXiv:1807.06652), define Dirac-2 by their
@@ -385,7 +385,7 @@ def dirac2(
           p_{k+1} = ∂L/∂v(q_k, q̃),   p_{k+1} = p_k + h (∂L/∂q(q_k, q̃) + α(q_k)ᵀλ),
           α(q_k)·q̃ = 0,               q̃ = (q_{k+1} − q_{k−1})/2h.
 
-    - `reading="centred_constraint"` (a reconstruction, not the seed's certain meaning):
+    - `reading="centred_constraint"` (a reconstruction, not the paper's certain meaning):
       the centred difference only in the constraint; the momentum equations keep
       Dirac-1's forward difference w = (q_{k+1} − q_k)/h,
 

@@ -14,7 +14,7 @@ A partitioned tableau (A, b, c) for q and (Â, b̂) for p (`PartitionedTableau`)
     q₁ = q₀ + h Σᵢ bᵢ Vᵢ,           p₁ = p₀ + h Σᵢ b̂ᵢ Fᵢ:
 
 the algebraic relations of the Dirac structure (the Legendre relation and the
-constraints) imposed at every stage (seed 004 eqs. (3)–(6)). Eliminating v = v(q, p), this
+constraints) imposed at every stage (Hamdouni and Salnikov (2021) eqs. (3)–(6)). Eliminating v = v(q, p), this
 is the Runge–Kutta method applied to an index-2 Hessenberg DAE in y = (q, p) and λ.
 
 **Lobatto IIIA–IIIB.** The last column of Â is zero, so Λ_s enters no stage equation and
@@ -307,7 +307,7 @@ def dirac_rk(
     nonholonomic=None,
     newton: Newton | None = None,
 ) -> DiracRungeKutta:
-    """A Dirac–Runge–Kutta integrator of an implicit Lagrangian system (seed 004).
+    """A Dirac–Runge–Kutta integrator of an implicit Lagrangian system (Hamdouni and Salnikov (2021)).
 
     For L(q, v) and constraint one-forms α(q) (from holonomic constraints φ(q) = 0,
     α = Dφ, and/or nonholonomic ones), the implicit Lagrangian system is the DAE
@@ -326,7 +326,7 @@ def dirac_rk(
     the constraint are imposed at the step end, with the end velocity an extra unknown,
     and the stage constraints in the integrated form Σⱼ aᵢⱼ α(Qⱼ)·Vⱼ = 0 (i = 2..s); see
     `geomjax._step.dirac_rk` for why. With the tableau
-    `PartitionedTableau.dirac1()` (s = 1, a = 0, â = 1) this is seed 003's Dirac-1
+    `PartitionedTableau.dirac1()` (s = 1, a = 0, â = 1) this is Salnikov and Hamdouni's (2019) Dirac-1
     integrator.
 
     Measured orders of q / p / λ (double pendulum in Cartesian coordinates, see

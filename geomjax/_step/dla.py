@@ -18,8 +18,8 @@ gradients). The scheme is second order and reversible, keeps the constraint
 ω(q)·H_p = 0 at every step to the Newton tolerance, and on reversible problems such as
 the contact oscillator keeps the energy error bounded.
 
-**First order** (`dla(system, order=1)`): the explicit DLA integrator of seed 001 §3.7
-(eqs. (74)–(85)), reconstructed — the seed's formulas were lost in text extraction, and
+**First order** (`dla(system, order=1)`): the explicit DLA integrator of Chang and Perlmutter (2019) §3.7
+(eqs. (74)–(85)), reconstructed — the paper's formulas were lost in text extraction, and
 what survives ("the map φ given by (74)", L_d = hL∘φ, D_d = φ⁻¹(D), "first-order", solved
 explicitly for the oscillator) fixes it as the left-point rule. With φ(q₀, q₁) = (q₀,
 (q₁ − q₀)/h), L_d(q₀, q₁) = h L(q₀, (q₁ − q₀)/h) and the discrete constraint set
@@ -37,8 +37,8 @@ and L_q = −H_q at corresponding points), the DLA equations become the one-step
     0  = ω(q₁) H_p(q₁, p₁)
 
 — symplectic Euler (drift, then kick) with the constraint force in the kick. The start
-(q₀, p₀) is the seed's (87): q₁ = q₀ + h q̇₀. For H = ½pᵀM⁻¹p + U(q) the kick is linear in
-(p₁, λ) and the Newton solve ends after its first iteration (the seed solves the same
+(q₀, p₀) is the paper's (87): q₁ = q₀ + h q̇₀. For H = ½pᵀM⁻¹p + U(q) the kick is linear in
+(p₁, λ) and the Newton solve ends after its first iteration (the paper solves the same
 equations in closed form, its (84)–(85)). The scheme is first order and not symmetric; the
 constraint J = ω(q)·H_p(q, p) = 0 holds at every step to the Newton tolerance. (These are the
 discrete equations of `geomjax.forced_dla(L, nonholonomic=omega, rule="left")`, which
@@ -108,7 +108,7 @@ class DiscreteLagrangeDAlembert(SystemStep):
 
 
 class FirstOrderDLA(DiscreteLagrangeDAlembert):
-    """Seed 001's first-order DLA step on the pieces (q, p); built by `geomjax.dla(system, order=1)`.
+    """Chang and Perlmutter's (2019) first-order DLA step on the pieces (q, p); built by `geomjax.dla(system, order=1)`.
 
     q₁ = q₀ + h H_p(q₀, p₀); then Newton for (p₁, λ) in p₁ = p₀ − h H_q(q₁, p₁) + ω(q₁)ᵀλ,
     ω(q₁)·H_p(q₁, p₁) = 0 (see the module docstring for the derivation).
@@ -143,7 +143,7 @@ def dla(
     atol: float | None = None,
     max_iter: int | None = None,
 ) -> DiscreteLagrangeDAlembert:
-    """A discrete Lagrange–d'Alembert integrator: McLachlan–Perlmutter's (order 2) or seed 001's (order 1).
+    """A discrete Lagrange–d'Alembert integrator: McLachlan–Perlmutter's (order 2) or Chang and Perlmutter's (2019) (order 1).
 
     For a nonholonomic system on T*Rⁿ (`System(H, canonical(n), nonholonomic=omega)`),
     with `order=2` (McLachlan and Perlmutter 2006, eq. 4.18):
@@ -152,7 +152,7 @@ def dla(
     q₁ = q½ + h/2 H_p(q₁, p₁);  ω(q₁)·H_p(q₁, p₁) = 0,
 
     solved by Newton's method for (q₁, p₁, λ): second order and reversible. With
-    `order=1`, seed 001 §3.7's explicit DLA (L_d(q₀, q₁) = hL(q₀, (q₁ − q₀)/h), discrete
+    `order=1`, Chang and Perlmutter (2019) §3.7's explicit DLA (L_d(q₀, q₁) = hL(q₀, (q₁ − q₀)/h), discrete
     constraint ω(q₀)·(q₁ − q₀) = 0; reconstructed, see the module docstring):
 
     q₁ = q₀ + h H_p(q₀, p₀);  p₁ = p₀ − h H_q(q₁, p₁) + ω(q₁)ᵀλ;  ω(q₁)·H_p(q₁, p₁) = 0,
@@ -163,7 +163,7 @@ def dla(
     **Arguments:**
 
     - `system`: a nonholonomic `geomjax.System` on `geomjax.canonical(n)`.
-    - `order`: 2 (McLachlan–Perlmutter, the default) or 1 (seed 001's scheme).
+    - `order`: 2 (McLachlan–Perlmutter, the default) or 1 (Chang and Perlmutter's (2019) scheme).
     - `newton`: a `geomjax.Newton` for the solve (default `Newton()`, a loop).
     - `rtol`, `atol`, `max_iter`: the earlier keywords, mapped onto `newton`.
 
@@ -195,7 +195,7 @@ def dla(
             "feedback or extended field instead"
         )
     if isinstance(order, bool) or order not in (1, 2):
-        raise ValueError(f"order must be 1 (seed 001's first-order DLA) or 2 (McLachlan–Perlmutter), got {order!r}")
+        raise ValueError(f"order must be 1 (Chang and Perlmutter's (2019) first-order DLA) or 2 (McLachlan–Perlmutter), got {order!r}")
     step = FirstOrderDLA if order == 1 else DiscreteLagrangeDAlembert
     return step(system, as_newton(newton, rtol, atol, max_iter))
 

@@ -11,7 +11,7 @@ that definition (exact rationals), not typed in: AB3 has β = (23, −16, 5)/12.
 The loop carries (x_n, X(x_{n−1}), …, X(x_{n−k+1})). A run starts from x₀ alone: the
 step's `start` computes x_{−1}, …, x_{−k+1} by backward steps of classical RK4 (local
 error O(h⁵), below AB-k's for k ≤ 4) and their slopes, so that `geomjax.integrate`
-takes x₀ and saves x_n like any one-step method. Seed 003's Table I compares AB3 on the
+takes x₀ and saves x_n like any one-step method. Salnikov and Hamdouni's (2019) Table I compares AB3 on the
 pendulum; here it runs on any geomjax field (e.g. the Dirac field of a constrained
 system, the index-reduced ODE).
 """

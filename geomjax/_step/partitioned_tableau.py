@@ -108,7 +108,7 @@ class PartitionedTableau(eqx.Module):
     - `name`: a label; `order`: the classical order of the pair (unconstrained), or None.
 
     Constructors: `PartitionedTableau.gauss(s)`, `.radau_iia(s)` (s = 1, 2, 3),
-    `.lobatto_iiia_iiib(s)` (s = 2, 3), `.dirac1()` (the Dirac-1 integrator of seed 003),
+    `.lobatto_iiia_iiib(s)` (s = 2, 3), `.dirac1()` (the Dirac-1 integrator of Salnikov and Hamdouni (2019)),
     `.from_name(name, s)`. Any (A, b, c, Â, b̂) may also be given directly.
 
     Example:
@@ -179,7 +179,7 @@ class PartitionedTableau(eqx.Module):
 
     @classmethod
     def dirac1(cls) -> "PartitionedTableau":
-        """One stage, a = 0, b = 1, â = 1, b̂ = 1: seed 003's Dirac-1 integrator (order 1)."""
+        """One stage, a = 0, b = 1, â = 1, b̂ = 1: Salnikov and Hamdouni's (2019) Dirac-1 integrator (order 1)."""
         return cls(((0.0,),), (1.0,), (0.0,), ((1.0,),), (1.0,), "dirac1", 1)
 
     @classmethod

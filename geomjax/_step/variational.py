@@ -5,20 +5,20 @@ Lagrangian L_d (`geomjax.discrete_lagrangian`), with multipliers for nonholonomi
 constraints, solved by one Newton solve per step (`geomjax.Newton`: autodiff Jacobians,
 exact implicit-function gradients):
 
-**Discrete Herglotz** (Vermeeren–Bravetti–Seri 2019; seed 002 eqs. (3), (4)), on
+**Discrete Herglotz** (Vermeeren–Bravetti–Seri 2019; Maciel, Ortiz and Schaerer (2020) eqs. (3), (4)), on
 (q, p, z) with z the action, L_d = L_d(q_k, q_{k+1}, z_k, z_{k+1}):
 
     p_k (1 + D₃L_d) + D₁L_d = α(q_k)ᵀλ,      Φ_d(q_k, q_{k+1}) = 0,
     z_{k+1} = z_k + L_d,                      p_{k+1} = D₂L_d / (1 − D₄L_d).
 
-Eliminating p_k gives seed 002 eq. (4) (eq. (3) without constraints); the derivation: the
+Eliminating p_k gives Maciel, Ortiz and Schaerer (2020) eq. (4) (eq. (3) without constraints); the derivation: the
 variation of z_{k+1} = z_k + L_d in q_k is (1 − D₄)δz_{k+1} = (1 + D₃)δz_k + D₁δq_k + D₂δq_{k+1},
 and δz_N vanishes for all admissible δq_k exactly when the bracket multiplying δq_k lies in
 the span of the constraint one-forms. The map is conformally contact:
 dz_{k+1} − p_{k+1}dq_{k+1} = (1 + D₃)/(1 − D₄) (dz_k − p_k dq_k) (without constraints).
 
 **Forced discrete Lagrange–d'Alembert** (Marsden–West 2001 §3.2; Cortés–Martínez 2001;
-seed 002 eqs. (1), (15)), on (q, p):
+Maciel, Ortiz and Schaerer (2020) eqs. (1), (15)), on (q, p):
 
     p_k = −D₁L_d − F_d^− + α(q_k)ᵀλ,    Φ_d(q_k, q_{k+1}) = 0,    p_{k+1} = D₂L_d + F_d^+.
 
@@ -27,7 +27,7 @@ action rate w = (z_{k+1} − z_k)/h when L_d depends on z_{k+1}, and the multipl
 of natural size at any h, so the Newton tolerances mean the same at every step size.
 
 **Affine equations are solved, not iterated.** When L is quadratic in v and affine in z
-and the constraints are affine in v (every example of seed 002), the equations are affine
+and the constraints are affine in v (every example of Maciel, Ortiz and Schaerer (2020)), the equations are affine
 in (v, λ), and with an implicit z₁ affine in w once (v, λ) are known. The step reads this
 off the jaxpr of its equations when it is traced (`geomjax._solve.structure`, structural
 and sound: a dependence is never missed) and then uses one linear solve (order 1, LA) or
@@ -370,7 +370,7 @@ def herglotz(
         z_{k+1} = z_k + L_d,    p_{k+1} = D₂L_d / (1 − D₄L_d),
 
     with L_d = L_d(q_k, q_{k+1}, z_k, z_{k+1}) the discrete Lagrangian of `rule`
-    (`geomjax.discrete_lagrangian`) and its derivatives D₁…D₄ by autodiff: seed 002
+    (`geomjax.discrete_lagrangian`) and its derivatives D₁…D₄ by autodiff: Maciel, Ortiz and Schaerer (2020)
     eq. (3) (no constraints) and eq. (4) in position–momentum form, solved by Newton's
     method for the velocity, the action and the multipliers.
 
@@ -378,7 +378,7 @@ def herglotz(
       L_d = h/2 [L(q_k, v, z_k) + L(q_{k+1}, v, z_k)], v = (q_{k+1} − q_k)/h. Explicit in z,
       first order (its error is O(h) with a coefficient proportional to ∂L/∂z, so it looks
       second order as the damping goes to 0). For L = ½|v|² − ½|q|² − αz this is exactly
-      seed 002 eq. (10).
+      Maciel, Ortiz and Schaerer (2020) eq. (10).
     - `order=2`: the symmetric contact integrator, L_d = h/2 [L(q_k, v, z_k) +
       L(q_{k+1}, v, z_{k+1})] (trapezoidal in q and z; implicit in z). Second order.
 
@@ -401,7 +401,7 @@ def herglotz(
     - `rule`: replaces the order's discrete Lagrangian: a rule name or a callable
       `psi(q0, q1, h) ↦ (q, v)` (see `geomjax.discrete_lagrangian`).
     - `constraint_rule`: the discretizing map of the constraints (default `"left"` for
-      order 1, as in seed 002 eq. (18); `"midpoint"` for order 2; `rule` itself when
+      order 1, as in Maciel, Ortiz and Schaerer (2020) eq. (18); `"midpoint"` for order 2; `rule` itself when
       `rule` is given).
     - `newton`: the `geomjax.Newton` of the implicit solve (default `Newton()`); not used
       when the equations are affine (solved by linear solves, see the module docstring).
@@ -414,7 +414,7 @@ def herglotz(
     the module docstring), a singular matrix makes the state non-finite, reported as
     `RESULTS.nonfinite_first_step` or `RESULTS.diverged`.
 
-    Example (the damped oscillator of seed 002 §3.1; the energy decays as e^{−αt}):
+    Example (the damped oscillator of Maciel, Ortiz and Schaerer (2020) §3.1; the energy decays as e^{−αt}):
 
     ```python
     >>> import geomjax, jax.numpy as jnp
@@ -472,7 +472,7 @@ def forced_dla(
     From the Lagrange–d'Alembert principle δ∫L dt + ∫F·δq dt = 0 with variations in
     ker α(q), discretized with a discrete Lagrangian L_d (`geomjax.discrete_lagrangian`),
     discrete forces F_d^± by the same quadrature and discrete constraints Φ_d = Φ∘Ψ
-    (seed 002 eq. (1); Marsden–West 2001, Cortés–Martínez 2001). In position–momentum
+    (Maciel, Ortiz and Schaerer (2020) eq. (1); Marsden–West 2001, Cortés–Martínez 2001). In position–momentum
     form, one step (q_k, p_k) ↦ (q_{k+1}, p_{k+1}) of size h solves
 
         p_k = −D₁L_d(q_k, q_{k+1}) − F_d^−(q_k, q_{k+1}) + α(q_k)ᵀλ,   Φ_d(q_k, q_{k+1}) = 0,
@@ -480,7 +480,7 @@ def forced_dla(
 
     by Newton's method for the velocity (q_{k+1} − q_k)/h and the multipliers. With
     `rule="left"` (the default): L_d = h L(q_k, v), F_d^− = h F(q_k, v, t_k), F_d^+ = 0 and
-    Φ_d = Φ(q_k, v), seed 002 eqs. (6), (7) and (15). (Seed 002's printed eq. (7) has
+    Φ_d = Φ(q_k, v), Maciel, Ortiz and Schaerer (2020) eqs. (6), (7) and (15). (Maciel, Ortiz and Schaerer's (2020) printed eq. (7) has
     1 + α where the derivation gives 1 + hα; see `tests/test_herglotz.py`.)
 
     Order 1 with `"left"`, order 2 with `"midpoint"` or `"trapezoidal"` (without
@@ -506,7 +506,7 @@ def forced_dla(
 
     A step for `geomjax.integrate` on flat states x = (q, p) of length 2n.
 
-    Example (the damped oscillator of seed 002 eq. (7)):
+    Example (the damped oscillator of Maciel, Ortiz and Schaerer (2020) eq. (7)):
 
     ```python
     >>> import geomjax, jax.numpy as jnp

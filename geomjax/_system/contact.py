@@ -119,7 +119,7 @@ class ContactLagrangianSystem(eqx.Module):
 
     The motion satisfies Herglotz' equations d/dt ∂L/∂v − ∂L/∂q = ∂L/∂v ∂L/∂z with ż = L,
     and, with nonholonomic constraints, the variations are restricted to ker α(q)
-    (de León, Jiménez, Lainz; seed 002 §2.2). `geomjax.herglotz(system)` integrates it with
+    (de León, Jiménez, Lainz; Maciel, Ortiz and Schaerer (2020) §2.2). `geomjax.herglotz(system)` integrates it with
     the discrete Herglotz (contact variational) integrators; `to_hamiltonian()` gives the
     contact Hamiltonian H(q, p, s) = p·v − L(q, v, s) with p = ∂L/∂v solved for v by
     autodiff (one linear solve when L is quadratic in v, Newton otherwise).
@@ -134,7 +134,7 @@ class ContactLagrangianSystem(eqx.Module):
 
     A singular Hessian ∂²L/∂v² raises a `ValueError`.
 
-    Example (the damped oscillator of seed 002 eq. (9), m = 1):
+    Example (the damped oscillator of Maciel, Ortiz and Schaerer (2020) eq. (9), m = 1):
 
     ```python
     >>> import geomjax, jax.numpy as jnp

@@ -17,14 +17,14 @@ Built-in rules (`RULES`):
 | `"trapezoidal_left_z"` | (½, 0, 0), (½, 1, 0) | h/2 [L(q₀, v, z₀) + L(q₁, v, z₀)] |
 
 A user's discretizing map is a callable `psi(q0, q1, h) ↦ (q, v)`: one node of weight 1
-(L_d = h L∘Ψ, the seed's L_d = L∘Ψ up to the factor h), with the action and time taken at
+(L_d = h L∘Ψ, the paper's L_d = L∘Ψ up to the factor h), with the action and time taken at
 the left end (z₀, t₀).
 
 The derivatives D₁…D₄ of L_d in (q₀, q₁, z₀, z₁) come from autodiff. The discrete forces
 follow from the same rule as the virtual work of F along the node positions:
 F_d^−·δq₀ + F_d^+·δq₁ = h Σᵢ wᵢ F(qᵢ, v, tᵢ)·δqᵢ, i.e. F_d^± = h Σᵢ wᵢ (∂qᵢ/∂q_{0,1})ᵀ F
 (for linear nodes F_d^− = h Σ wᵢ(1 − cᵢ)Fᵢ, F_d^+ = h Σ wᵢcᵢFᵢ; for `"left"` this is
-seed 002 eq. (6)). Discrete constraints are Φ_d(q₀, q₁) = Σᵢ wᵢ Φ(qᵢ, v) (Φ∘Ψ for a
+Maciel, Ortiz and Schaerer (2020) eq. (6)). Discrete constraints are Φ_d(q₀, q₁) = Σᵢ wᵢ Φ(qᵢ, v) (Φ∘Ψ for a
 one-node rule).
 """
 

@@ -1,14 +1,14 @@
 """Implicit Lagrangian systems (L, Δ_Q): the data of the Dirac integrators.
 
 Yoshimura–Marsden's implicit Lagrangian system of a Lagrangian L(q, v) on TRⁿ with a
-constraint distribution Δ_Q = ker α(q) (seed 003 eqs. (4), (6); seed 004 eqs. (3)–(5)) is
+constraint distribution Δ_Q = ker α(q) (Salnikov and Hamdouni (2019) eqs. (4), (6); Hamdouni and Salnikov (2021) eqs. (3)–(5)) is
 the differential–algebraic system in (q, v, p, λ)
 
     q̇ = v,    ṗ = ∂L/∂q(q, v) + α(q)ᵀλ,    p = ∂L/∂v(q, v),    α(q)·v (+ β(q)) = 0,
 
 with the constraint one-forms α(q) (k × n) given either
 
-- by holonomic constraints φ(q) = 0 (shape `(k,)`): α = Dφ by autodiff (the seed's
+- by holonomic constraints φ(q) = 0 (shape `(k,)`): α = Dφ by autodiff (the paper's
   ψ = dφ; φ itself is what a run is checked against), or
 - directly, as nonholonomic constraints: a callable `alpha(q)` or a
   `geomjax.VelocityConstraint(phi)` (Φ(q, v) = α(q)·v + β(q), affine in v),

@@ -1,4 +1,4 @@
-"""The quantities of a nonholonomic system, derived in one place (seed 001 §2).
+"""The quantities of a nonholonomic system, derived in one place (Chang and Perlmutter (2019) §2).
 
 With m the momentum piece of the state (T*Rⁿ: p; left-trivialised bundles: μ; Lie–Poisson
 spaces: the whole state Π), v = ∂H/∂m the velocity and ω the (k, d) constraint one-forms:

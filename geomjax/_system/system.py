@@ -150,7 +150,7 @@ class System(eqx.Module, metaclass=_ByKind):
     `ConstrainedSystem` (`constraints=f`) or `NonholonomicSystem` (`nonholonomic=ω`).
     Fields and steps dispatch on these types.
 
-    Example (seed 000's spherical pendulum):
+    Example (Chang, Perlmutter and Vankerschaver's (2022) spherical pendulum):
 
     ```python
     >>> import geomjax, jax.numpy as jnp
@@ -329,7 +329,7 @@ class NonholonomicSystem(System):
     """Velocity constraints ω·v = 0 on v = ∂H/∂m (m the momentum pieces); built by
     `System(H, B, nonholonomic=omega)`.
 
-    The quantities of seed 001's extension, by autodiff: the constraint momenta
+    The quantities of Chang and Perlmutter's (2019) extension, by autodiff: the constraint momenta
     J = ω ∂H/∂m, C_ab = ⟨∂J_a/∂m, ω_b⟩ and the extended Hamiltonian H_ext = H − ½JᵀC⁻¹J
     (equal to H on J = 0), on flat states. They are derived once, in pieces, by
     `geomjax._system.nonholonomic.Derivation`, which `geomjax.nonholonomic_field` uses too

@@ -92,7 +92,7 @@ class VelocityConstraint(AbstractVelocityConstraint):
 
     - `phi`: `(q, v) ↦ Φ(q, v)`, shape `(k,)` (a scalar for one constraint).
 
-    Example (seed 002 eq. (13), the Foucault pendulum's constraint):
+    Example (Maciel, Ortiz and Schaerer (2020) eq. (13), the Foucault pendulum's constraint):
 
     ```python
     >>> import geomjax, jax.numpy as jnp

@@ -66,7 +66,7 @@ def stability_interval(method: str) -> float:
     past slopes it carries) is ≤ 1. β is the largest value with that radius ≤ 1 for every
     z ∈ [0, β], found from the Jacobian of the method's own step on ẏ = −y (exact: the map
     is linear) over a grid of steps z, the first crossing refined by bisection. Explicit
-    Euler: β = 2 (the bound h·λ_max(L∇²V) < 2 of seed 000); RK4: 2.785; Adams–Bashforth
+    Euler: β = 2 (the bound h·λ_max(L∇²V) < 2 of Chang, Perlmutter and Vankerschaver (2022)); RK4: 2.785; Adams–Bashforth
     2, 3, 4: 1, 6/11, 3/10; A-stable implicit methods: ∞ (reported when the radius stays
     ≤ 1 up to z = 10⁴).
 

@@ -1,4 +1,4 @@
-"""Reproducible experiments: the seed papers' figures and tables, run by one command.
+"""Reproducible experiments: the papers' figures and tables, run by one command.
 
 Each experiment is a function `run(out_dir: pathlib.Path, progress: bool, **kw) -> dict`
 that writes its PNG figures into `out_dir` and returns JSON-ready metrics. It is
@@ -10,7 +10,7 @@ tiny `quick` configuration (a short horizon, few step sizes: every figure in sec
 # geomjax/experiments/my_experiment.py
 from . import register
 
-@register("my-experiment", "Seed 00X sec. Y: what it shows",
+@register("my-experiment", "Author (year) sec. Y: what it shows",
           options=("dt", "t_final"), quick={"t_final": 0.5})
 def run(out_dir, progress, dt=None, t_final=None):
     ...

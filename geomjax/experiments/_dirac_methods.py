@@ -1,10 +1,10 @@
-"""The integrators compared in seed 003's experiments, on an implicit Lagrangian model (L, φ).
+"""The integrators compared in Salnikov and Hamdouni's (2019) experiments, on an implicit Lagrangian model (L, φ).
 
 Every method is `run(model, x0, h, steps, save_every) -> xs` (saved flat states
 (q, p), `steps // save_every + 1` rows, NaN after a failure), traceable so that
 `jax.vmap` over models built from traced parameters works.
 
-- **dirac1**, **dirac2**: seed 003 eq. (7) with q̃ = (q_{k+1} − q_k)/h and
+- **dirac1**, **dirac2**: Salnikov and Hamdouni (2019) eq. (7) with q̃ = (q_{k+1} − q_k)/h and
   q̃ = (q_{k+1} − q_{k−1})/2h: `geomjax.dirac1` and `geomjax.dirac2` (its literal reading).
 - **dirac2_centred**: `geomjax.dirac2(..., reading="centred_constraint")`, a reconstruction
   of the ambiguous eq. (7): Dirac-1's momentum equations with the centred constraint
@@ -63,9 +63,9 @@ RUNS = {
 }
 
 DESCRIPTIONS = {
-    "dirac1": "seed 003 eq. (7), q~ = (q_{k+1} - q_k)/h (geomjax.dirac1)",
-    "dirac2": "seed 003 eq. (7), q~ = (q_{k+1} - q_{k-1})/2h (geomjax.dirac2, two-step, Dirac-1 starter)",
-    "dirac2_centred": "seed 003 eq. (7) read with the centred difference in the constraint only: "
+    "dirac1": "Salnikov and Hamdouni (2019) eq. (7), q~ = (q_{k+1} - q_k)/h (geomjax.dirac1)",
+    "dirac2": "Salnikov and Hamdouni (2019) eq. (7), q~ = (q_{k+1} - q_{k-1})/2h (geomjax.dirac2, two-step, Dirac-1 starter)",
+    "dirac2_centred": "Salnikov and Hamdouni (2019) eq. (7) read with the centred difference in the constraint only: "
                       "alpha(q_k).(q_{k+1} - q_{k-1}) = 0, momentum as Dirac-1 "
                       "(geomjax.dirac2(..., reading='centred_constraint'), a reconstruction)",
     "euler": "explicit Euler on the index-reduced field geomjax.dirac_field(system)",

@@ -1,4 +1,4 @@
-"""Seed 002 §3.2, Fig. 2: the damped Foucault pendulum, contact vs Lagrange–d'Alembert.
+"""Maciel, Ortiz and Schaerer (2020) §3.2, Fig. 2: the damped Foucault pendulum, contact vs Lagrange–d'Alembert.
 
 System (`geomjax.models.damped_foucault`): m = 28 kg, ℓ = 67 m, β = 49°, g = 9.81,
 Ω = 7.2921e−5 rad/s; q = (x, y), L = ½m|q̇|² − ½m(g/ℓ)|q|², Rayleigh damping −αmq̇ (or
@@ -7,10 +7,10 @@ L − αz), and the nonholonomic constraint (13), affine in the velocity,
 q(0) = (0.67, 0), q̇(0) = 0, α = 1e−3 and 1e−4.
 
 Methods (both derived by autodiff from L and the constraint; the discrete constraint is
-the same for both, Φ(q_k, (q_{k+1} − q_k)/h) = 0, as the seed notes):
+the same for both, Φ(q_k, (q_{k+1} − q_k)/h) = 0, as the paper notes):
 
-- **contact** (blue, seed eq. (18)): `geomjax.herglotz(L − αz, order=1, nonholonomic=Φ)`;
-- **LA** (orange, seed eq. (15)): `geomjax.forced_dla(L, force=−αmq̇, nonholonomic=Φ)`.
+- **contact** (blue, paper eq. (18)): `geomjax.herglotz(L − αz, order=1, nonholonomic=Φ)`;
+- **LA** (orange, paper eq. (15)): `geomjax.forced_dla(L, force=−αmq̇, nonholonomic=Φ)`.
 
 Reference: the Lagrange–d'Alembert ODE derived by autodiff
 (`geomjax.lagrange_dalembert_field`), started on the constraint (`project`: the
@@ -62,7 +62,7 @@ COLOURS = {"contact": "tab:blue", "LA": "tab:orange"}
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The horizons and grids of a run: the defaults are the seed's (module constants);
+    """The horizons and grids of a run: the defaults are the paper's (module constants);
     `QUICK` is a tiny configuration that draws every figure (smoke tests)."""
 
     t_final: float = T_FINAL
@@ -76,7 +76,7 @@ QUICK = Config(t_final=60.0, refine_hs=(0.1, 0.05), ensemble=4, order_t=10.0, or
 
 
 def _steps(model):
-    """name -> (step, x0): the seed's two integrators."""
+    """name -> (step, x0): the paper's two integrators."""
     return {
         "contact": (geomjax.herglotz(model.contact, order=1), model.x0_contact),
         "LA": (geomjax.forced_dla(model.forced), model.x0_forced),
@@ -219,7 +219,7 @@ def _plot_figure_2(path, runs, models):
         ax.set_ylabel("y [m] (east)")
         ax.set_title(f"{'bd'[row]}) bob trajectory, alpha = {alpha:g}", fontsize="small")
         ax.grid(True, alpha=0.3)
-    fig.suptitle("damped Foucault pendulum (seed 002 Fig. 2): contact (blue) vs Lagrange-d'Alembert (orange)")
+    fig.suptitle("damped Foucault pendulum (Maciel, Ortiz and Schaerer (2020) Fig. 2): contact (blue) vs Lagrange-d'Alembert (orange)")
     return _save(fig, path)
 
 
@@ -330,14 +330,14 @@ def _plot_refinement(path, refinement, config: Config):
 
 @register(
     NAME,
-    "Seed 002 sec. 3.2, Fig. 2: damped Foucault pendulum, nonholonomic contact vs Lagrange-d'Alembert; "
+    "Maciel, Ortiz and Schaerer (2020) sec. 3.2, Fig. 2: damped Foucault pendulum, nonholonomic contact vs Lagrange-d'Alembert; "
     "energy, trajectory, the plane-jump anomaly and the refined-step check, errors against a derived ODE reference",
     options=("t_final",),
     quick={"config": QUICK},
 )
 def run(out_dir: pathlib.Path, progress: bool, config: Config | None = None, t_final=None) -> dict:
-    """The seed's runs, the anomaly scan, the refined-step check and the orders; `config`
-    (default `Config()`, the seed's) and `t_final` (the `--t-final` option) set the sizes."""
+    """The paper's runs, the anomaly scan, the refined-step check and the orders; `config`
+    (default `Config()`, the paper's) and `t_final` (the `--t-final` option) set the sizes."""
     config = Config() if config is None else config
     if t_final is not None:
         config = dataclasses.replace(config, t_final=float(t_final))

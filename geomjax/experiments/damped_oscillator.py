@@ -1,22 +1,22 @@
-"""Seed 002 §3.1, Fig. 1: the damped oscillator, contact (Herglotz) vs forced Lagrange–d'Alembert.
+"""Maciel, Ortiz and Schaerer (2020) §3.1, Fig. 1: the damped oscillator, contact (Herglotz) vs forced Lagrange–d'Alembert.
 
 System (`geomjax.models.damped_oscillator`): m = 1, L = ½q̇² − ½q², Rayleigh force
 F = −αq̇; Herglotz form L − αz. Exact motion q̈ + αq̇ + q = 0.
 
 Methods, all derived by autodiff from L:
 
-- **contact** (seed eq. (10)): `geomjax.herglotz(L − αz, order=1)`;
-- **LA** (seed eq. (7), with 1 + hα): `geomjax.forced_dla(L, force=−αq̇)` (left rule);
+- **contact** (paper eq. (10)): `geomjax.herglotz(L − αz, order=1)`;
+- **LA** (paper eq. (7), with 1 + hα): `geomjax.forced_dla(L, force=−αq̇)` (left rule);
 - **contact, order 2** (extra): the symmetric contact integrator `herglotz(order=2)`;
-- **LA as printed** (extra): the seed's typeset eq. (7), p_j = (p_{j−1} − hq_{j−1})/(1 + α),
+- **LA as printed** (extra): the paper's typeset eq. (7), p_j = (p_{j−1} − hq_{j−1})/(1 + α),
   is the forced DLA map of the damping force −(α/h)q̇ (a damping rate α/h): derived by
   autodiff with that force, to show what the printed map does.
 
-References: the exact solution, and the seed's "leapfrog at h/10": the explicit symmetric
+References: the exact solution, and the paper's "leapfrog at h/10": the explicit symmetric
 contact splitting C_{h/2}B_{h/2}A_hB_{h/2}C_{h/2} of H = p²/2 + q²/2 + αs
 (`geomjax.contact_splitting`, order 2) with step h/10.
 
-Setup: the seed prints no values for Fig. 1 ("a small damping parameter α"); we use the
+Setup: the paper prints no values for Fig. 1 ("a small damping parameter α"); we use the
 public setup of Vermeeren–Bravetti–Seri, h = 0.1, (p₀, q₀) = (0.75, −0.25), t ∈ [0, 100],
 with α = 0.01 and α = 0.1 (stated in the JSON and in the figure titles). The relative
 error is the phase-space one, ‖(q, p) − (q, p)_ref‖ / ‖(q, p)_ref‖ (p = q̇ for m = 1): a
@@ -28,9 +28,9 @@ Measured orders: global relative errors at T = 10 for h = 0.2 … 0.2/2⁶, for
 Modified Lagrangians: for a linear map the step's Jacobian (`diagnostics.step_jacobian`,
 autodiff) gives the per-step area factor det DΦ_h and rotation angle, hence the exact
 energy decay rate r(h) = −log det DΦ_h / h (the quadratic energy decays as e^{−rt}) and
-frequency ω(h) = arg λ / h of the numerical flow. Seed eq. (11) (contact, L_mod =
+frequency ω(h) = arg λ / h of the numerical flow. Paper eq. (11) (contact, L_mod =
 (1 + hα/2)L + O(h²)) predicts the modified motion q̈ + α(1 + hα/2)q̇ + q = 0, i.e.
-r = α + hα²/2 + O(h²); seed eq. (8) (LA, L_mod = L + (h/2)q̇q̈ — a total derivative —
+r = α + hα²/2 + O(h²); paper eq. (8) (LA, L_mod = L + (h/2)q̇q̈ — a total derivative —
 and F_mod = F − (h/2)αq̈) predicts (1 + hα/2)q̈ + αq̇ + q = 0, i.e. r = α − hα²/2 + O(h²)
 and a frequency lowered by hα/(4ω_d)(1 − α²/2). So the leading coefficient of the energy
 error, E_num/E_exact − 1 ≈ −κ h t, is κ = +α²/2 for the contact map (overdamped) and
@@ -69,7 +69,7 @@ MODIFIED_HS = (0.1, 0.05, 0.025, 0.0125, 0.002, 0.001)
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Step, horizon and grids of a run: the defaults are the module constants (the
-    seed's setting); `QUICK` is a tiny configuration that draws every figure (smoke tests)."""
+    the paper's setting); `QUICK` is a tiny configuration that draws every figure (smoke tests)."""
 
     h: float = H
     t_final: float = T_FINAL
@@ -96,7 +96,7 @@ def _la(model):
 
 
 def _printed_damping(alpha, h, q, v, t):
-    """−(α/h)v: its left-rule discrete force −αv gives the seed's printed 1 + α."""
+    """−(α/h)v: its left-rule discrete force −αv gives the paper's printed 1 + α."""
     del q, t
     return -(alpha / h) * v
 
@@ -116,13 +116,13 @@ class Scheme(NamedTuple):
 
 
 METHODS = [
-    Scheme("contact", "seed eq. (10): geomjax.herglotz(L - alpha z, order=1)", lambda m, h: _contact1(m),
+    Scheme("contact", "paper eq. (10): geomjax.herglotz(L - alpha z, order=1)", lambda m, h: _contact1(m),
            {"color": "tab:blue"}),
-    Scheme("LA", "seed eq. (7) with 1 + h alpha: geomjax.forced_dla(L, force=-alpha v), left rule", lambda m, h: _la(m),
+    Scheme("LA", "paper eq. (7) with 1 + h alpha: geomjax.forced_dla(L, force=-alpha v), left rule", lambda m, h: _la(m),
            {"color": "tab:orange"}),
     Scheme("contact, order 2", "symmetric contact integrator, geomjax.herglotz(order=2)", lambda m, h: _contact2(m),
            {"color": "tab:green", "linestyle": "--"}),
-    Scheme("LA as printed (1+alpha)", "seed's typeset eq. (7): forced_dla with the force -(alpha/h) v",
+    Scheme("LA as printed (1+alpha)", "the paper's typeset eq. (7): forced_dla with the force -(alpha/h) v",
            _la_printed, {"color": "tab:red", "linestyle": ":"}),
 ]
 ORDER_METHODS = METHODS[:3]
@@ -216,7 +216,7 @@ def _order_study(config: Config):
 
 
 def _predicted(name, alpha, h):
-    """(r, ω) of the modified equations of seed eqs. (11) (contact) and (8) (LA)."""
+    """(r, ω) of the modified equations of paper eqs. (11) (contact) and (8) (LA)."""
     if name == "contact":  # q̈ + α(1 + hα/2)q̇ + q = 0
         rate = alpha * (1.0 + 0.5 * h * alpha)
         return rate, np.sqrt(1.0 - 0.25 * rate**2)
@@ -297,7 +297,7 @@ def _plot_figure_1(path, runs, styles, config: Config):
         axes[2, j].set_xlabel("t")
         axes[0, j].grid(True, alpha=0.3)
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize="small")
-    fig.suptitle("damped oscillator (seed 002 Fig. 1): contact (eq. 10) vs Lagrange-d'Alembert (eq. 7)")
+    fig.suptitle("damped oscillator (Maciel, Ortiz and Schaerer (2020) Fig. 1): contact (eq. 10) vs Lagrange-d'Alembert (eq. 7)")
     return _save(fig, path)
 
 
@@ -355,18 +355,18 @@ def _plot_modified(path, curves, styles, config: Config):
 
 @register(
     NAME,
-    "Seed 002 sec. 3.1, Fig. 1: damped oscillator, contact (Herglotz) vs forced Lagrange-d'Alembert; "
+    "Maciel, Ortiz and Schaerer (2020) sec. 3.1, Fig. 1: damped oscillator, contact (Herglotz) vs forced Lagrange-d'Alembert; "
     "errors vs leapfrog and exact, measured orders, modified-Lagrangian checks",
     options=("dt", "t_final"),
     quick={"config": QUICK},
 )
 def run(out_dir: pathlib.Path, progress: bool, config: Config | None = None, dt=None, t_final=None) -> dict:
     """Figure 1's runs, the order study and the modified-Lagrangian check; `config`
-    (default `Config()`, the seed's) sets the sizes, `dt` and `t_final` (the `--dt`,
+    (default `Config()`, the paper's) sets the sizes, `dt` and `t_final` (the `--dt`,
     `--t-final` options) the step and horizon of figure 1's runs."""
     config = Config() if config is None else config
     config = dataclasses.replace(config, **{k: float(v) for k, v in (("h", dt), ("t_final", t_final)) if v is not None})
-    H = config.h  # noqa: N806 (the step of figure 1's runs, as in the seed)
+    H = config.h  # noqa: N806 (the step of figure 1's runs, as in the paper)
     out_dir = pathlib.Path(out_dir)
     styles = method_styles(METHODS)
     runs = _run_figure_1(progress, config)

@@ -1,17 +1,17 @@
-"""Issue 12: feedback gains chosen four ways (the papers', Bae & Chang's adaptive rule, the
-rule of thumb, tuned with optax), judged on held-out initial states, and seed 000's Fig. 6
+"""Feedback gains chosen four ways (the papers', Bae & Chang's adaptive rule, the
+rule of thumb, tuned with optax), judged on held-out initial states, and Chang, Perlmutter and Vankerschaver's (2022) Fig. 6
 claim (feedback Euler at least as good as RATTLE per force evaluation) revisited with them.
 
 Problems (`PROBLEMS`), each with random initial states on its invariant set: a training
 set for `geomjax.tune_gains` and a held-out set (other seeds) for every number reported.
 
-- `spherical_pendulum`: seed 000 §2.3, m = g = ℓ = 1, F = (|q|², q·p, H, J); starts with
+- `spherical_pendulum`: Chang, Perlmutter and Vankerschaver (2022) §2.3, m = g = ℓ = 1, F = (|q|², q·p, H, J); starts with
   q uniform on S² and p a standard normal vector projected onto the tangent plane (so
-  |q|² = 1, q·p = 0 to round-off). Paper gains 50 (seed 000's). Compared with RATTLE on
+  |q|² = 1, q·p = 0 to round-off). Paper gains 50 (Chang, Perlmutter and Vankerschaver's (2022)). Compared with RATTLE on
   the same pendulum with the rod as g(q) = |q|² − 1.
 - `double_pendulum`: `models.planar_chain(2, gravity=9.81)`, F = (g₁, g₂, ġ₁, ġ₂, H);
   starts from link angles and angular velocities uniform in [−1, 1] (on S by
-  construction). Paper gains 50 (seed 000's pendulum value). Compared with RATTLE.
+  construction). Paper gains 50 (Chang, Perlmutter and Vankerschaver's (2022) pendulum value). Compared with RATTLE.
 - `kepler`: `models.kepler()`, F = (H, L, A) with the paper's gains (0, 4, 4, 4, 2, 2, 2)
   (V = 2‖L − L₀‖² + ‖A − A₀‖², no gain on H); starts on random ellipses (semi-major axis
   a ∈ [0.8, 1.25], eccentricity e ∈ [0.3, 0.7], random true anomaly and orientation).
@@ -57,12 +57,12 @@ mean over the held-out states of the RMS invariant error and of the RMS trajecto
 adaptive rebuilt for h; recommended by the rule of thumb at h; tuned carried from h₀ with
 the rule of thumb's dependence on h (Euler: K·h₀/h, keeping the tuned h·λ_max; RK4:
 unchanged while λ_max = ‖DX‖/10 is within half the stability interval), not re-tuned per h
-(that would take one tuning per point). Force evaluations per run, seed 000's cost model:
+(that would take one tuning per point). Force evaluations per run, Chang, Perlmutter and Vankerschaver's (2022) cost model:
 a feedback-field evaluation counts 4, ∇H 1: Euler 4/step, RK4 16/step, RATTLE and
 Störmer–Verlet 1/step (one new force per step); the adaptive field's Hessian of V, which
 it evaluates at every stage, is not counted.
 
-Seed 000's claim (`metrics["vs_baseline_per_force_evaluation"]`, and the summary's
+Chang, Perlmutter and Vankerschaver's (2022) claim (`metrics["vs_baseline_per_force_evaluation"]`, and the summary's
 "inv/base" and "traj/base" columns): for each variant and method, the ratio of its error
 to the baseline's at the same number of force evaluations (the baseline's errors
 interpolated log–log at each point inside their range). The claim holds at a point where
@@ -180,7 +180,7 @@ def _spherical_problem() -> Problem:
     return Problem(
         "spherical_pendulum", "spherical pendulum", model, np.full(4, 50.0), "RATTLE", geomjax.rattle(rod.system),
         _sphere_starts, 1e-3, 1.0, rod.system.constraint_residuals,
-        "seed 000 sec. 2.3: m = g = l = 1, F = (|q|^2, q.p, H, J), gains 50, h = 1e-3",
+        "Chang, Perlmutter and Vankerschaver (2022) sec. 2.3: m = g = l = 1, F = (|q|^2, q.p, H, J), gains 50, h = 1e-3",
     )
 
 
@@ -189,7 +189,7 @@ def _double_pendulum_problem() -> Problem:
     return Problem(
         "double_pendulum", "double pendulum", model, np.full(5, 50.0), "RATTLE", geomjax.rattle(model.system),
         _double_pendulum_starts, 1e-3, 1.0, model.system.constraint_residuals,
-        "models.planar_chain(2, gravity=9.81): m = l = 1, F = (g1, g2, gdot1, gdot2, H); gains 50 (seed 000's "
+        "models.planar_chain(2, gravity=9.81): m = l = 1, F = (g1, g2, gdot1, gdot2, H); gains 50 (Chang, Perlmutter and Vankerschaver's (2022) "
         "pendulum value); starts: angles and angular velocities uniform in [-1, 1]",
     )
 
@@ -738,9 +738,9 @@ def _short(gains) -> str:
 
 @register(
     NAME,
-    "Issue 12: feedback gains (paper, adaptive, rule of thumb, tuned with optax) on held-out starts for the "
+    "Feedback gains (paper, adaptive, rule of thumb, tuned with optax) on held-out starts for the "
     "spherical and double pendulums and Kepler, Euler and RK4; error vs h and vs force evaluations against "
-    "RATTLE / Stormer-Verlet (seed 000 Fig. 6 revisited)",
+    "RATTLE / Stormer-Verlet (Chang, Perlmutter and Vankerschaver (2022) Fig. 6 revisited)",
     quick={"settings": QUICK},
 )
 def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None) -> dict:
@@ -822,7 +822,7 @@ def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None)
         "mean of log10 RMS |x - x_ref|_2, x_ref = RK4 on X (no feedback) at h0/8. null = at least one held-out "
         "run failed (non-finite; feedback_objective returns inf); held_out_failed counts them",
         "variants": {
-            "paper": "the fixed gains of the papers (pendulums: 50, seed 000; Kepler: (0, 4, 4, 4, 2, 2, 2))",
+            "paper": "the fixed gains of the papers (pendulums: 50, Chang, Perlmutter and Vankerschaver (2022); Kepler: (0, 4, 4, 4, 2, 2, 2))",
             "adaptive": "Bae & Chang: Y = X - alpha(x) grad V, alpha = 1/(h 1.1 |Hess V|_F), V with the paper's "
             "gains (field.adaptive(dt=h)); derived for explicit Euler, run with RK4 as it is",
             "recommended": "geomjax.recommended_gains(paper field, training states, h, method)",
@@ -833,7 +833,7 @@ def run(out_dir: pathlib.Path, progress: bool, settings: Settings | None = None)
         "h_dependence": "at h != h0: paper fixed; adaptive rebuilt with dt=h; recommended by the rule of thumb at h "
         "(Euler h lam_max = 1, RK4 lam_max = |DX|/10 within half the stability interval); tuned gains from h0 "
         "times rule(h)/rule(h0) (Euler: h0/h), not re-tuned",
-        "cost_model": "force evaluations per run, seed 000: feedback field 4, grad H 1; Euler 4/step, RK4 16/step, "
+        "cost_model": "force evaluations per run, Chang, Perlmutter and Vankerschaver (2022): feedback field 4, grad H 1; Euler 4/step, RK4 16/step, "
         "RATTLE and Stormer-Verlet 1/step; the adaptive field's Hessian of V is not counted",
         "error_measures": "per h: geometric mean over the held-out states (10**mean log10) of the RMS over the saves "
         "of |F - F0| (invariants) and |x - x_ref| (trajectory), the same reference for every h; "

@@ -1,4 +1,4 @@
-"""Seed 001 §3.7: the nonholonomic oscillator, feedback Euler vs discrete Lagrange–d'Alembert.
+"""Chang and Perlmutter (2019) §3.7: the nonholonomic oscillator, feedback Euler vs discrete Lagrange–d'Alembert.
 
 System (`geomjax.models.nonholonomic_oscillator`): q = (x, y, z), H = ½(|p|² + |q|²) +
 (ε/2)x²z², constraint ẋ + y ż = 0; conserved: the constraint momentum J = p_x + y p_z, the
@@ -7,19 +7,19 @@ energy H and the energy of the decoupled y-motion H_y = ½(y² + ẏ²).
 Methods, all at h = 0.01:
 
 - **feedback Euler**: explicit Euler on the feedback field (V = ½(k_J J² + k_H ΔH² +
-  k_y ΔH_y²), gains 10), the seed's integrator;
-- **DLA, order 1 (seed)**: the seed's first-order explicit DLA scheme
+  k_y ΔH_y²), gains 10), the paper's integrator;
+- **DLA, order 1 (seed)**: the paper's first-order explicit DLA scheme
   (`geomjax.dla(system, order=1)`, reconstructed: L_d = hL(q₀, (q₁ − q₀)/h), discrete
   constraint ω(q₀)·(q₁ − q₀) = 0; see `geomjax._step.dla`). Its energy error grows
   linearly in time (about 0.1 by t = 100 at h = 0.01), so it is run with `drift_tol=None`;
 - **DLA, order 2 (McLachlan–Perlmutter)**: `geomjax.dla(system)`, reversible, bounded energy error;
 - **feedback RK4**, for reference.
 
-The seed compared the first two and found the DLA poor at energy and the Poincaré
-sections similar; this experiment shows the seed's comparison and the one with the
+The paper compared the first two and found the DLA poor at energy and the Poincaré
+sections similar; this experiment shows the paper's comparison and the one with the
 second-order scheme, which keeps the energy to 4e−5 and the sections on their torus.
 
-Figures: |J|, |ΔH| and |ΔH_y| over time (seed Fig. 6); Poincaré sections (seed Fig. 7):
+Figures: |J|, |ΔH| and |ΔH_y| over time (paper Fig. 6); Poincaré sections (paper Fig. 7):
 each time y crosses 0 upwards (ẏ > 0), the points (x, z) and (z, ż), linearly interpolated
 between steps, one row per method. (On the constraint ẋ = −y ż vanishes at y = 0, so the
 (x, ẋ) plane would show only the constraint error; we use (x, z) instead.) And the drift
@@ -34,11 +34,11 @@ average out over a period: the trajectory creeps from torus to torus at a rate �
 reversible method such as the second-order DLA has no such systematic component, which is
 why its sections stay on the torus). The experiment measures it: the slope of the window
 averages ⟨x²⟩ over t ≤ 400, for h = 0.01, 0.005, 0.0025 (JSON `torus_drift`; the slope
-divided by h is nearly constant). The seed's first-order DLA drifts the same way, more
+divided by h is nearly constant). The paper's first-order DLA drifts the same way, more
 slowly; feedback RK4 and the second-order DLA show only the window-to-window noise of the
 reference.
 
-The seed's ε, initial state, step and gains were lost in extraction; ours: ε = 0.3
+The paper's ε, initial state, step and gains were lost in extraction; ours: ε = 0.3
 (McLachlan–Perlmutter), q₀ = (1, 0, 1), p₀ = (0, 1, 0.5), h = 0.01, gains 10, t ≤ 200 for
 the time series and t ≤ 2000 for the sections (where feedback Euler is also run with h/10).
 """
@@ -101,7 +101,7 @@ METHODS = [
     Method("feedback Euler", "explicit Euler on Y = X - grad V, gains (k_J, k_H, k_Hy) = 10", _feedback("euler")),
     Method(
         "DLA, order 1 (seed)",
-        "seed 001's first-order explicit discrete Lagrange-d'Alembert scheme, geomjax.dla(system, order=1) "
+        "Chang and Perlmutter's (2019) first-order explicit discrete Lagrange-d'Alembert scheme, geomjax.dla(system, order=1) "
         "(drift_tol=None)",
         _dla(1),
         monitored=False,
@@ -229,7 +229,7 @@ def _plot_sections(path, runs_long, title):
 
 @register(
     NAME,
-    "Seed 001 sec. 3.7: nonholonomic oscillator, feedback Euler vs discrete Lagrange-d'Alembert; "
+    "Chang and Perlmutter (2019) sec. 3.7: nonholonomic oscillator, feedback Euler vs discrete Lagrange-d'Alembert; "
     "energy, constraint, H_y errors and Poincare sections",
     quick={"series_steps": 200, "section_steps": 3000},
 )
@@ -248,7 +248,7 @@ def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, secti
             errors,
             names,
             title=f"nonholonomic oscillator (ε = 0.3, h = {setup.dt:g}): constraint $J$, energy $H$, y-energy $H_y$"
-            "\n(seed Fig. 6; the seed compared feedback Euler with the first-order DLA)",
+            "\n(paper Fig. 6; the paper compared feedback Euler with the first-order DLA)",
             styles=styles,
             ncols=3,
         )
@@ -269,7 +269,7 @@ def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, secti
         _plot_sections(
             out_dir / f"{NAME}_poincare.png",
             [(r.method.name, r.solution.xs) for r in long_runs],
-            f"Poincaré sections, t ≤ {long.t_final:g}, h = {long.dt:g} (seed Fig. 7: feedback Euler and first-order DLA)",
+            f"Poincaré sections, t ≤ {long.t_final:g}, h = {long.dt:g} (paper Fig. 7: feedback Euler and first-order DLA)",
         )
     )
     drift = _drift_runs(setup.model, setup.gains, progress)
@@ -316,7 +316,7 @@ def run(out_dir: pathlib.Path, progress: bool, series_steps: int = 20_000, secti
             "explanation": "the three feedback quantities (J, H, H_y) do not fix the torus: the tori form a "
             "one-parameter family in their level set. Explicit Euler is first order and not symmetric, so its "
             "local error has a component across that family which does not average out; the run creeps from "
-            "torus to torus at a rate proportional to h (slope/h about constant). The seed's first-order DLA "
+            "torus to torus at a rate proportional to h (slope/h about constant). The paper's first-order DLA "
             "drifts the same way, the reversible second-order DLA does not.",
             "reference_slope_feedback_rk4_h0.01": noise,
             "slopes": {

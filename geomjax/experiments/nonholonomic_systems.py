@@ -1,18 +1,18 @@
-"""Seed 001 §3: feedback integrators on six nonholonomic systems, one experiment each.
+"""Chang and Perlmutter (2019) §3: feedback integrators on six nonholonomic systems, one experiment each.
 
 For each system (Suslov on SO(3), knife edge, Chaplygin sleigh, vertical rolling disk,
 roller racer, Heisenberg system) four runs from the same start on the constraint set:
 
 - feedback Euler and feedback RK4: the feedback field Y = X − ∇V
   (`geomjax.feedback_field`, V = ½ΔᵀKΔ on F = (J, H_ext, integrals), plus k₀/4‖D‖² on an
-  embedded group), the seed's method;
+  embedded group), the paper's method;
 - Euler and RK4 on the extended field X alone (`geomjax.nonholonomic_field`), no feedback.
 
 Two systems differ (docs/reproductions.md says why): `heisenberg` starts off the
 constraint set (on it the motion is a straight line that every method reproduces
-exactly), with the feedback targets of the start on it; `vertical-disk` also runs seed
-001's own extension (60), in which all momenta are conserved everywhere
-(`vertical_disk(extension="seed")`), with the seed's feedback (61).
+exactly), with the feedback targets of the start on it; `vertical-disk` also runs the
+paper's own extension (60), in which all momenta are conserved everywhere
+(`vertical_disk(extension="seed")`), with the paper's feedback (61).
 
 Figures: the errors of the monitored quantities (one log panel each; a panel's title
 names the methods whose error is exactly zero and so not drawn, and the groups of curves
@@ -28,10 +28,10 @@ default monitoring (drift_tol = 1e-2) reports for each method ("ok" or the statu
 step where a default run stops).
 
 Recorded over time: the constraint |J|, the energy error |H − H₀| with the original H (as
-the seed does), the errors of the other conserved momenta, the distance to the group
+the paper does), the errors of the other conserved momenta, the distance to the group
 (‖RᵀR − I‖ or |cos² + sin² − 1|) where the group is embedded, and the error against the
 exact solution where one exists (knife edge: the cycloid; Chaplygin sleigh: tanh/sech;
-vertical disk: the circle; Heisenberg: the straight line). The seed's parameter values, steps and gains were lost in extraction: the
+vertical disk: the circle; Heisenberg: the straight line). The paper's parameter values, steps and gains were lost in extraction: the
 ones used are in each `SETUPS` entry and in the JSON.
 
 Explicit Euler on Y is stable near the invariant set only for h·λ_max(∇²V) < 2 (λ_max the
@@ -72,7 +72,7 @@ class Setup:
     #: added to the model's start (on the constraint set) to start off it; the feedback
     #: targets stay the values at the model's start
     start_offset: tuple | None = None
-    #: seed 001's variant of the system (`vertical_disk(extension="seed")`), run too
+    #: Chang and Perlmutter's (2019) variant of the system (`vertical_disk(extension="seed")`), run too
     variant: object = None
     variant_gains: tuple = ()
 
@@ -84,21 +84,21 @@ class Setup:
 SETUPS = {
     "suslov": Setup(
         "suslov",
-        "Suslov problem on SO(3) (seed 001 sec. 3.1)",
+        "Suslov problem on SO(3) (Chang and Perlmutter (2019) sec. 3.1)",
         lambda: geomjax.models.suslov(inertia=(1.0, 2.0, 3.0), xi=(0.3, 0.5, 0.8), omega0=(1.0, 0.4, -0.625)),
         steps=20_000,
         gains=(10.0, 10.0, 10.0),
         notes="I = diag(1, 2, 3), xi = (0.3, 0.5, 0.8) (not an eigenvector of I, so the motion is not a "
         "uniform spin and there is no closed form: errors are against RK4 with h/10), "
         "Omega0 = (1, 0.4, -0.625), R0 = I; gains (k_J, k_H, k_0) = (10, 10, 10), k_0/4 |R^T R - I|^2 in V. "
-        "With xi an eigenvector (the seed's exact case, tested in tests/test_nonholonomic_models.py) J and "
+        "With xi an eigenvector (the paper's exact case, tested in tests/test_nonholonomic_models.py) J and "
         "H are kept exactly by every method",
         path_indices=None,
         short="Suslov problem on SO(3)",
     ),
     "knife-edge": Setup(
         "knife-edge",
-        "knife edge on an inclined plane (seed 001 sec. 3.2)",
+        "knife edge on an inclined plane (Chang and Perlmutter (2019) sec. 3.2)",
         lambda: geomjax.models.knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=np.pi / 6, omega=2.0),
         steps=10_000,
         gains=(10.0, 10.0, 10.0),
@@ -108,7 +108,7 @@ SETUPS = {
     ),
     "chaplygin-sleigh": Setup(
         "chaplygin-sleigh",
-        "Chaplygin sleigh on SE(2), angle embedded as (cos, sin) (seed 001 sec. 3.3)",
+        "Chaplygin sleigh on SE(2), angle embedded as (cos, sin) (Chang and Perlmutter (2019) sec. 3.3)",
         lambda: geomjax.models.chaplygin_sleigh(m=1.0, inertia=1.0, a=1.0, v0=1.0, omega0=1.0),
         steps=10_000,
         gains=(10.0, 10.0, 10.0),
@@ -117,14 +117,14 @@ SETUPS = {
     ),
     "vertical-disk": Setup(
         "vertical-disk",
-        "vertical rolling disk (seed 001 sec. 3.4)",
+        "vertical rolling disk (Chang and Perlmutter (2019) sec. 3.4)",
         lambda: geomjax.models.vertical_disk(),
         steps=10_000,
         gains=(10.0, 10.0, 10.0, 10.0, 10.0),
         notes="uniform thin disk m = R = 1, I_phi = 1/4, I_theta = 1/2, Omega_phi = 1, Omega_theta = 2 "
-        "(circle of radius 2); gains 10 on (J1, J2, H, p_phi, p_theta). Also seed 001's own extension (60), "
+        "(circle of radius 2); gains 10 on (J1, J2, H, p_phi, p_theta). Also Chang and Perlmutter's (2019) own extension (60), "
         "vertical_disk(extension='seed'), in which all momenta (the body momenta mu_1, mu_2 and p_phi, p_theta) "
-        "are conserved on the whole phase space, with the seed's feedback (61): V quadratic in the four "
+        "are conserved on the whole phase space, with the paper's feedback (61): V quadratic in the four "
         "momenta, gains (k_H, k_mu1, k_mu2, k_pphi, k_ptheta) = (0, 10, 10, 10, 10). The generic extension keeps "
         "J and H_ext everywhere but p_phi, p_theta only on J = 0; on J = 0 both are the rolling disk",
         short="vertical rolling disk",
@@ -133,7 +133,7 @@ SETUPS = {
     ),
     "roller-racer": Setup(
         "roller-racer",
-        "roller racer on SE(2) x S^1 (seed 001 sec. 3.5)",
+        "roller racer on SE(2) x S^1 (Chang and Perlmutter (2019) sec. 3.5)",
         lambda: geomjax.models.roller_racer(),
         steps=10_000,
         gains=(10.0, 10.0, 10.0, 10.0),
@@ -143,11 +143,11 @@ SETUPS = {
     ),
     "heisenberg": Setup(
         "heisenberg",
-        "Heisenberg system (seed 001 sec. 3.6)",
+        "Heisenberg system (Chang and Perlmutter (2019) sec. 3.6)",
         lambda: geomjax.models.heisenberg(),
         steps=10_000,
         gains=(1.0, 1.0, 1.0),
-        notes="q0 = (1, 0.5, 0), (xdot0, ydot0) = (0.3, 1); gains (k_J, k_H, k_Lz) = 1; the seed left "
+        notes="q0 = (1, 0.5, 0), (xdot0, ydot0) = (0.3, 1); gains (k_J, k_H, k_Lz) = 1; the paper left "
         "this simulation to the reader. On the constraint set the motion is a straight line at constant "
         "speed, which explicit Euler and RK4 reproduce exactly (errors at round-off, 1e-12, for every method): "
         "nothing to see. So the runs start OFF the constraint set, p_z0 raised by 0.1 (J0 = 0.1), with the "
@@ -223,12 +223,12 @@ def _methods(model, setup: Setup) -> list[Method]:
         xs = geomjax.dirac_field(seed.system)
         dotted = {"linestyle": ":"}
         methods += [
-            _run("seed (60): feedback Euler", "explicit Euler on seed 001's momentum-conserving extension (60) "
+            _run("paper (60): feedback Euler", "explicit Euler on Chang and Perlmutter's (2019) momentum-conserving extension (60) "
                  "with its feedback (61), V quadratic in the four momenta", ys, seed, "euler", {"linestyle": "-."},
                  feedback=True),
-            _run("seed (60): Euler, no feedback", "explicit Euler on seed 001's extension (60) (drift_tol=None)",
+            _run("paper (60): Euler, no feedback", "explicit Euler on Chang and Perlmutter's (2019) extension (60) (drift_tol=None)",
                  xs, seed, "euler", dotted, feedback=False),
-            _run("seed (60): RK4, no feedback", "classical RK4 on seed 001's extension (60) (drift_tol=None)",
+            _run("paper (60): RK4, no feedback", "classical RK4 on Chang and Perlmutter's (2019) extension (60) (drift_tol=None)",
                  xs, seed, "rk4", dotted, feedback=False),
         ]
     return methods
@@ -606,7 +606,7 @@ def run_system(setup: Setup, out_dir: pathlib.Path, progress: bool) -> dict:
 def _register(key: str):
     setup = SETUPS[key]
 
-    @register(key, f"Seed 001: {setup.title}; feedback Euler/RK4 vs the extended field without feedback",
+    @register(key, f"Chang and Perlmutter (2019): {setup.title}; feedback Euler/RK4 vs the extended field without feedback",
               options=("dt", "t_final", "gains"), quick={"t_final": 0.2})
     def run(out_dir: pathlib.Path, progress: bool, **options) -> dict:
         from ._common import with_options

@@ -1,9 +1,9 @@
-"""Seed 003 §IV A, Figs. 1–2 and Table I: the Cartesian pendulum, Dirac integrators vs classical methods.
+"""Salnikov and Hamdouni (2019) §IV A, Figs. 1–2 and Table I: the Cartesian pendulum, Dirac integrators vs classical methods.
 
 System (`geomjax.models.cartesian_pendulum`): L = m/2 |v|² − m g y on TR², φ = x² + y² − ℓ²,
 released from rest at an angle θ₀ from the downward vertical; m = ℓ = 1.
 
-Methods (`_dirac_methods`): Dirac-1 and Dirac-2 (seed eq. (7) with the forward and the
+Methods (`_dirac_methods`): Dirac-1 and Dirac-2 (paper eq. (7) with the forward and the
 central velocity), and on the index-reduced field `geomjax.dirac_field(system)`: explicit
 Euler (Fig. 1 only), the trapezium rule, AB3 and RK4; references:
 RATTLE, Gauss order 4 and feedback Euler (gains 0.1/h). All share one step h.
@@ -11,22 +11,22 @@ RATTLE, Gauss order 4 and feedback Euler (gains 0.1/h). All share one step h.
 Constraint error (Table I): the largest relative error |x² + y² − ℓ²|/ℓ² over every step
 of the 100 periods (the error at the end of the run is recorded too: for the trapezium it
 oscillates, and is 1e−11 at some ends where its maximum is 1e−4, so the maximum is the
-stabler measure, and it matches the seed better, see below).
+stabler measure, and it matches the paper better, see below).
 
-The seed gives neither θ₀, h nor g. Only θ₀ and the number of steps per period M = T/h
+The paper gives neither θ₀, h nor g. Only θ₀ and the number of steps per period M = T/h
 matter (time scales with √(ℓ/g)), so we fix the period: g = (4K(sin²(θ₀/2))/2π)²·ℓ makes
 T = 2π exactly for every θ₀, and h = 2π/M; 100 periods are 100·M steps. The search runs
-the seed's five methods over a grid of (θ₀, M) (vmapped over θ₀: one compilation per
-method and M) and picks the setting whose errors e_i best match the seed's s_i: among the
-settings where the methods' ranking equals the seed's, the smallest
-rms_i log10(e_i/s_i) (if none has the seed's ranking, the smallest distance overall, and
+the paper's five methods over a grid of (θ₀, M) (vmapped over θ₀: one compilation per
+method and M) and picks the setting whose errors e_i best match the paper's s_i: among the
+settings where the methods' ranking equals the paper's, the smallest
+rms_i log10(e_i/s_i) (if none has the paper's ranking, the smallest distance overall, and
 the JSON says so).
 
 Offline search (`search(angles=(0.3, 0.5, 0.7, 1.0, 1.5, 2.0), steps_per_period=(141, 200,
 283, 400, 566, 800))` with geomjax.dirac1/dirac2 and AB3, 36 cells, 141 s): no cell has the
-seed's ranking. Everywhere the trapezium on the index-reduced field keeps φ far better
-(1e−6 … 3e−4 at most) than the seed's 0.0128 and ranks below Dirac-2 and AB3; AB3 is 1–2
-decades above the seed's 1.4e−4 where Dirac-1 is near its 0.952. At M = 141 Dirac-2 is
+the paper's ranking. Everywhere the trapezium on the index-reduced field keeps φ far better
+(1e−6 … 3e−4 at most) than the paper's 0.0128 and ranks below Dirac-2 and AB3; AB3 is 1–2
+decades above the paper's 1.4e−4 where Dirac-1 is near its 0.952. At M = 141 Dirac-2 is
 unstable (a growing parasitic oscillation of the two-step map). The closest cells, rms
 log10 distance: (θ₀, M) = (2.0, 566) 1.204, (1.5, 400) 1.210, (1.5, 566) 1.214, (1.0, 400)
 1.214. The default run searches (1.5, 2.0) × (566,), which holds the best (the
@@ -37,7 +37,7 @@ point: at a turning point a phase error moves q only to second order and doubles
 apparent order) at the chosen θ₀, for h = 2π/M, M ∈ ORDER_STEPS, against Gauss-4 at
 M = 8192; least-squares slope (`diagnostics.convergence_order`).
 
-Figures (seed Figs. 1–2): the path of the endpoint q(t) over the 100 periods, Dirac-1 vs
+Figures (paper Figs. 1–2): the path of the endpoint q(t) over the 100 periods, Dirac-1 vs
 Euler and Dirac-1 vs Dirac-2, with the circle |q| = ℓ.
 """
 
@@ -129,7 +129,7 @@ def _distance(errors: dict) -> float:
 
 def search(angles=SEARCH_ANGLES, steps_per_period=SEARCH_STEPS, periods=PERIODS, progress=False,
            methods=SEED_METHODS):
-    """Errors of the seed's methods on the (θ₀, M) grid and the best-matching cell."""
+    """Errors of the paper's methods on the (θ₀, M) grid and the best-matching cell."""
     names = dm.available(methods)
     models = _stack([_model(a) for a in angles])
     grid = {name: np.zeros((len(angles), len(steps_per_period))) for name in names}
@@ -195,7 +195,7 @@ def _swept_figure(path, left, right, title):
     return _save(fig, path)
 
 
-@register(NAME, "Seed 003 sec. IV A, Figs. 1-2, Table I: Cartesian pendulum, Dirac-1/2 vs trapezium, AB3, RK4 "
+@register(NAME, "Salnikov and Hamdouni (2019) sec. IV A, Figs. 1-2, Table I: Cartesian pendulum, Dirac-1/2 vs trapezium, AB3, RK4 "
                 "(+ RATTLE, Gauss-4, feedback Euler); setting searched to match the table",
           quick={"angles": (1.0, 1.5), "steps_per_period": (64,), "periods": 2, "orders": False})
 def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_period=SEARCH_STEPS,
@@ -203,7 +203,7 @@ def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_p
     """Search the setting, run the table and the figures at it, measure the orders.
 
     The keyword arguments make smaller runs (tests): the search grid, the horizon in
-    periods, whether to measure orders, and the methods (the seed's among them are searched).
+    periods, whether to measure orders, and the methods (the paper's among them are searched).
     """
     out_dir = pathlib.Path(out_dir)
     start = time.perf_counter()
@@ -237,9 +237,9 @@ def run(out_dir: pathlib.Path, progress: bool, angles=SEARCH_ANGLES, steps_per_p
     figures = [
         _swept_figure(out_dir / f"{NAME}_fig1_dirac1_vs_euler.png", ("Dirac-1", runs["dirac1"]),
                       ("explicit Euler (index-reduced field)", runs["euler"]),
-                      f"Region swept by the endpoint, seed Fig. 1: {subtitle}"),
+                      f"Region swept by the endpoint, paper Fig. 1: {subtitle}"),
         _swept_figure(out_dir / f"{NAME}_fig2_dirac1_vs_dirac2.png", ("Dirac-1", runs["dirac1"]),
-                      ("Dirac-2", runs["dirac2"]), f"Region swept by the endpoint, seed Fig. 2: {subtitle}"),
+                      ("Dirac-2", runs["dirac2"]), f"Region swept by the endpoint, paper Fig. 2: {subtitle}"),
     ]
 
     measured, order_errors, order_hs = ({}, {}, [])

@@ -1,21 +1,21 @@
-"""Seed 000 §2.4: work–precision of feedback integrators vs RATTLE on the planar pendulum.
+"""Chang, Perlmutter and Vankerschaver (2022) §2.4: work–precision of feedback integrators vs RATTLE on the planar pendulum.
 
-Setup (seed 000 §2.4): m = g = ℓ = 1, q(0) = (1, 0), p(0) = (0, 0) (released from the
+Setup (Chang, Perlmutter and Vankerschaver (2022) §2.4): m = g = ℓ = 1, q(0) = (1, 0), p(0) = (0, 0) (released from the
 horizontal), one period T = 4K(1/√2)·√(ℓ/g) ≈ 7.4163. The global error is ‖x_N − x(T)‖₂
 over (q, p) ∈ R⁴ after one period, with the reference x(T) from θ̈ + (g/ℓ) cos θ = 0
-integrated by SciPy's DOP853 at rtol = atol = 1e−13 (the seed's reference; since T is one
+integrated by SciPy's DOP853 at rtol = atol = 1e−13 (the paper's reference; since T is one
 period the exact value is x(0), and the reference's distance from it is recorded).
 
 Methods:
 
 - RATTLE (`geomjax.rattle` with g(q) = |q|² − ℓ²), fixed steps h = T/N;
 - feedback Euler and feedback RK4: explicit methods on the feedback field
-  Y = X − ∇V, V = Σ kᵢ/2 (Fᵢ − Fᵢ(x₀))², F = (|q|², q·p, H) (seed 000 eqs. 10–11),
+  Y = X − ∇V, V = Σ kᵢ/2 (Fᵢ − Fᵢ(x₀))², F = (|q|², q·p, H) (Chang, Perlmutter and Vankerschaver (2022) eqs. 10–11),
   fixed steps h = T/N;
 - feedback Dopri8: diffrax's 8th-order Dormand–Prince (14 stages, FSAL) with a PID step
-  controller, swept over tolerances rtol = atol (the seed used DOP853).
+  controller, swept over tolerances rtol = atol (the paper used DOP853).
 
-Cost model (seed 000 §2.4): a feedback-field evaluation costs 4, an evaluation of ∇H costs 1.
+Cost model (Chang, Perlmutter and Vankerschaver (2022) §2.4): a feedback-field evaluation costs 4, an evaluation of ∇H costs 1.
 Per step: RATTLE 1 (one new force ∇U(q₁) per step, reused at the start of the next),
 feedback Euler 4, feedback RK4 16, feedback Dopri8 4·13 per attempted step (+4 for the
 first stage). Wall times are measured too, on compiled runs (best of several calls), and
@@ -26,7 +26,7 @@ for Dopri8) so that the coarse steps are on the curves too; each sweep point rec
 `geomjax.integrate`'s default monitoring (drift_tol = 1e-2) would report for that run
 (`default_check`), and the summary counts the points it flags.
 
-Figures: error vs step size (seed Fig. 6 left), error vs budget (Fig. 6 right), and error
+Figures: error vs step size (paper Fig. 6 left), error vs budget (Fig. 6 right), and error
 vs measured wall time.
 """
 
@@ -255,7 +255,7 @@ def _cheapest_below(rows, key, target):
 
 @register(
     NAME,
-    "Seed 000 sec. 2.4: planar pendulum, global error after one period vs step size, "
+    "Chang, Perlmutter and Vankerschaver (2022) sec. 2.4: planar pendulum, global error after one period vs step size, "
     "force-evaluation budget and wall time (RATTLE, feedback Euler/RK4/Dopri8)",
     options=("gains",),
     quick={"step_counts": (20, 200), "tolerances": (1e-4, 1e-8)},
@@ -315,10 +315,10 @@ def run(out_dir: pathlib.Path, progress: bool, step_counts=STEP_COUNTS, toleranc
     subtitle = f"planar pendulum, one period T = {t_final:.4f}"
     figures = [
         _plot(out_dir / f"{NAME}_step_size.png", {n: by_h[n] for n in fixed_names}, "step size h",
-              f"Error vs step size, {subtitle} (seed 000 Fig. 6 left)", slopes=anchors),
+              f"Error vs step size, {subtitle} (Chang, Perlmutter and Vankerschaver (2022) Fig. 6 left)", slopes=anchors),
         _plot(out_dir / f"{NAME}_budget.png", by_budget,
               "budget (4 per feedback-field evaluation, 1 per ∇H evaluation)",
-              f"Error vs budget, {subtitle} (seed 000 Fig. 6 right)"),
+              f"Error vs budget, {subtitle} (Chang, Perlmutter and Vankerschaver (2022) Fig. 6 right)"),
         _plot(out_dir / f"{NAME}_wall_time.png", by_wall, "measured wall time [s] (compiled, best of runs)",
               f"Error vs wall time, {subtitle}"),
     ]
@@ -352,7 +352,7 @@ def run(out_dir: pathlib.Path, progress: bool, step_counts=STEP_COUNTS, toleranc
             row["order"] = f"{row['order']:.2f}"
     return {
         "setup": {
-            "source": "seed 000 (Chang, Perlmutter, Vankerschaver 2022), sec. 2.4",
+            "source": "Chang, Perlmutter and Vankerschaver (2022), sec. 2.4",
             "params": params,
             "q0": np.asarray(x0[:2]),
             "p0": np.asarray(x0[2:]),
@@ -363,7 +363,7 @@ def run(out_dir: pathlib.Path, progress: bool, step_counts=STEP_COUNTS, toleranc
             "reference_distance_from_x0": ref_vs_start,
             "reference_note": "after exactly one period the true state is x(0); the distance is the reference's own error",
             "feedback_gains": {"k1 (|q|^2)": gains[0], "k2 (q.p)": gains[1], "k3 (H)": gains[2]},
-            "gains_note": "seed 000 sec. 2.4 does not state its gains; with the sec. 2.3 value 50, "
+            "gains_note": "Chang, Perlmutter and Vankerschaver (2022) sec. 2.4 does not state its gains; with the sec. 2.3 value 50, "
             "feedback Euler is unstable for h above about 7e-3",
             "cost_model": {
                 "RATTLE": "1 per step (one new grad H per step)",

@@ -1,18 +1,18 @@
-"""Seed 000 §2.3: the spherical pendulum, feedback Euler vs RATTLE, Lie–Trotter and Strang.
+"""Chang, Perlmutter and Vankerschaver (2022) §2.3: the spherical pendulum, feedback Euler vs RATTLE, Lie–Trotter and Strang.
 
-Setup (seed 000 §2.3): m = g = ℓ = 1, q(0) = (0, 1, 0), p(0) = (1, 0, −1), h = 1e−3,
+Setup (Chang, Perlmutter and Vankerschaver (2022) §2.3): m = g = ℓ = 1, q(0) = (0, 1, 0), p(0) = (1, 0, −1), h = 1e−3,
 t ∈ [0, 100] (1e5 steps), gains k₁..k₄ = 50 on F = (f₁, f₂, H, J) with f₁ = |q|²,
-f₂ = q·p, H = |p|²/2m + m g q₃, J = q₁p₂ − q₂p₁. The seed prints H₀ = 2; the stated
+f₂ = q·p, H = |p|²/2m + m g q₃, J = q₁p₂ − q₂p₁. The paper prints H₀ = 2; the stated
 Hamiltonian gives H₀ = 1 at this state, and the computed value is what is recorded.
 
-Figures: the trajectory q₁, q₂, q₃ (seed Fig. 1) and the log-scale errors |Δf₁|, |Δf₂|,
-|ΔH|, |ΔJ| (seed Figs. 2–5), one PNG each, plus an overview of the four errors.
+Figures: the trajectory q₁, q₂, q₃ (paper Fig. 1) and the log-scale errors |Δf₁|, |Δf₂|,
+|ΔH|, |ΔJ| (paper Figs. 2–5), one PNG each, plus an overview of the four errors.
 
-Methods (seed 000 compares the first four): feedback Euler; RATTLE (`geomjax.rattle` on
+Methods (Chang, Perlmutter and Vankerschaver (2022) compares the first four): feedback Euler; RATTLE (`geomjax.rattle` on
 the same pendulum with the rod as g(q) = |q|² − 1); Lie–Trotter and Strang splittings of
 H into |p|²/2m and m g q₃ with their exact flows on T*S² (`geomjax.models.pendulum_flows`);
 and, as a baseline, Euler on the Dirac field without feedback. All errors are measured with
-the seed's functions f₁ = |q|², f₂ = q·p, H, J. The summary table gives max |Δf₁|, |Δf₂|,
+the paper's functions f₁ = |q|², f₂ = q·p, H, J. The summary table gives max |Δf₁|, |Δf₂|,
 |ΔH|, |ΔJ| and the wall time per method, the run's status, and a "default check" column:
 the status `geomjax.integrate` would report with its default monitoring (drift_tol = 1e-2).
 The Euler baseline without feedback is run with `drift_tol=None`, so its curves show the
@@ -51,7 +51,7 @@ NAME = "spherical-pendulum"
 
 @dataclass(frozen=True)
 class Setup:
-    """The seed 000 §2.3 configuration (all methods integrate this)."""
+    """The Chang, Perlmutter and Vankerschaver (2022) §2.3 configuration (all methods integrate this)."""
 
     model: geomjax.models.Model
     dt: float = 1e-3
@@ -136,7 +136,7 @@ METHODS: list[Method] = [
     Method(
         "feedback Euler",
         "explicit Euler on the feedback field Y = X - grad V (Dirac field X, gains k1..k4 = 50), "
-        "seed 000 eqs. (7)-(8)",
+        "Chang, Perlmutter and Vankerschaver (2022) eqs. (7)-(8)",
         _feedback_euler,
         target=_feedback,
     ),
@@ -204,7 +204,7 @@ def _method_metrics(run, errors: np.ndarray, names, setup: Setup) -> dict:
 
 @register(
     NAME,
-    "Seed 000 sec. 2.3: spherical pendulum, feedback Euler vs RATTLE, Lie-Trotter, Strang "
+    "Chang, Perlmutter and Vankerschaver (2022) sec. 2.3: spherical pendulum, feedback Euler vs RATTLE, Lie-Trotter, Strang "
     "(and Euler without feedback), h=1e-3, t<=100",
     options=("dt", "t_final", "gains"),
     quick={"t_final": 0.5},
@@ -236,7 +236,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
             ts,
             positions,
             ["$q_1$", "$q_2$", "$q_3$"],
-            title=f"Trajectory q(t), {subtitle} (seed 000 Fig. 1)",
+            title=f"Trajectory q(t), {subtitle} (Chang, Perlmutter and Vankerschaver (2022) Fig. 1)",
             styles=styles,
             difference_to="RATTLE" if "RATTLE" in positions else None,
         )
@@ -249,7 +249,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
                 {k: v[:, j] for k, v in errors.items()},
                 ylabel=delta_label(q),
                 title=rf"$|\Delta {math_name(q)}| = |{math_name(q)}(t) - {math_name(q)}(0)|$, {subtitle} "
-                f"(seed 000 Fig. {2 + j})",
+                f"(Chang, Perlmutter and Vankerschaver (2022) Fig. {2 + j})",
                 styles=styles,
             )
         )
@@ -281,7 +281,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
     ]
     return {
         "setup": {
-            "source": "seed 000 (Chang, Perlmutter, Vankerschaver 2022), sec. 2.3",
+            "source": "Chang, Perlmutter and Vankerschaver (2022), sec. 2.3",
             "params": {k: float(v) for k, v in model.params.items()},
             "q0": np.asarray(model.x0[:3]),
             "p0": np.asarray(model.x0[3:]),
@@ -297,7 +297,7 @@ def run(out_dir: pathlib.Path, progress: bool, setup: Setup | None = None, metho
         },
         "initial_values": dict(zip(names, f0.tolist())),
         "H0": float(f0[list(names).index("H")]),
-        "H0_note": "the seed prints H0 = 2; H = |p|^2/2m + m g q3 gives 1 at q0 = (0,1,0), p0 = (1,0,-1)",
+        "H0_note": "the paper prints H0 = 2; H = |p|^2/2m + m g q3 gives 1 at q0 = (0,1,0), p0 = (1,0,-1)",
         "methods": per_method,
         "figures": [p.name for p in figures],
         "summary": summary,

@@ -1,4 +1,4 @@
-"""Reference problems from the seed papers, each a system with parameters and an initial state."""
+"""Reference problems from the papers, each a system with parameters and an initial state."""
 
 from ._model import Model as Model
 from ._chain import planar_chain as planar_chain

@@ -1,7 +1,7 @@
-"""Seed 002's damped systems, each in both of its descriptions: Herglotz and Lagrange–d'Alembert.
+"""Maciel, Ortiz and Schaerer's (2020) damped systems, each in both of its descriptions: Herglotz and Lagrange–d'Alembert.
 
 A mechanical Lagrangian L(q, v) = ½ m|v|² − V(q) with Rayleigh damping F = −α m v is
-described two ways (seed 002 §3):
+described two ways (Maciel, Ortiz and Schaerer (2020) §3):
 
 - **Lagrange–d'Alembert** (`DampedModel.forced`): a `geomjax.LagrangianSystem` with the
   external force F(q, v, t) = −α m v, integrated by `geomjax.forced_dla`;
@@ -31,7 +31,7 @@ EARTH_ROTATION_RATE = 7.2921e-5
 
 
 class DampedModel(eqx.Module):
-    """A damped mechanical system of seed 002 in its two descriptions.
+    """A damped mechanical system of Maciel, Ortiz and Schaerer (2020) in its two descriptions.
 
     **Fields:**
 
@@ -103,16 +103,16 @@ def _oscillator_exact(pr, q0, v0, t):
 
 
 def damped_oscillator(alpha=0.1, q0=-0.25, p0=0.75, m=1.0) -> DampedModel:
-    """The damped harmonic oscillator of seed 002 §3.1: L = ½mq̇² − ½mq² with F = −αmq̇.
+    """The damped harmonic oscillator of Maciel, Ortiz and Schaerer (2020) §3.1: L = ½mq̇² − ½mq² with F = −αmq̇.
 
-    Herglotz form L(q, q̇, z) = ½mq̇² − ½mq² − αz (seed 002 eq. (9)); Lagrange–d'Alembert
+    Herglotz form L(q, q̇, z) = ½mq̇² − ½mq² − αz (Maciel, Ortiz and Schaerer (2020) eq. (9)); Lagrange–d'Alembert
     form eq. (5) with the Rayleigh force F = −αmq̇. Both give q̈ + αq̇ + q = 0, whose exact
     solution (ω_d = √(1 − α²/4)) is
 
         q(t) = e^{−αt/2} [q₀ cos ω_d t + (q̇₀ + αq₀/2)/ω_d · sin ω_d t].
 
     Defaults: the public setup of Vermeeren–Bravetti–Seri, (p₀, q₀) = (0.75, −0.25), m = 1
-    (the seed does not print its values).
+    (the paper does not print its values).
 
     Example:
 
@@ -138,7 +138,7 @@ def damped_oscillator(alpha=0.1, q0=-0.25, p0=0.75, m=1.0) -> DampedModel:
 
 
 def _foucault_phi(pr, q, v):
-    # seed 002 eq. (13): −y ẋ + x ẏ + Ω sin β (x² + y²) = 0
+    # Maciel, Ortiz and Schaerer (2020) eq. (13): −y ẋ + x ẏ + Ω sin β (x² + y²) = 0
     return -q[1] * v[0] + q[0] * v[1] + pr["rate"] * (q @ q)
 
 
@@ -160,7 +160,7 @@ def _foucault_exact(pr, q0, v0, t):
 def damped_foucault(
     alpha=1e-3, m=28.0, length=67.0, latitude_deg=49.0, g=9.81, rotation_rate=EARTH_ROTATION_RATE, q0=(0.67, 0.0)
 ) -> DampedModel:
-    """The damped Foucault pendulum of seed 002 §3.2, linearised in the plane z = 0.
+    """The damped Foucault pendulum of Maciel, Ortiz and Schaerer (2020) §3.2, linearised in the plane z = 0.
 
     q = (x, y) (x south, y east), L = ½m(ẋ² + ẏ²) − ½m(g/ℓ)(x² + y²) (eq. (14)) with the
     Rayleigh force F = −αmq̇ (Herglotz form eq. (16): L − αz) and the nonholonomic
@@ -169,7 +169,7 @@ def damped_foucault(
         −y ẋ + x ẏ + Ω sin β (x² + y²) = 0          (a `geomjax.VelocityConstraint`),
 
     which says that the plane of oscillation does not turn in an inertial frame: in the
-    Earth's frame it turns at −Ω sin β. Defaults: the seed's m = 28 kg, ℓ = 67 m, β = 49°,
+    Earth's frame it turns at −Ω sin β. Defaults: the paper's m = 28 kg, ℓ = 67 m, β = 49°,
     g = 9.81 m/s², Ω = 7.2921e−5 rad/s (the Earth's), q(0) = (0.67, 0) m, q̇(0) = 0.
 
     The start q̇(0) = 0 is off the constraint (Φ = Ω sin β |q₀|² ≠ 0): the discrete steps

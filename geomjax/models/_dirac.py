@@ -1,7 +1,7 @@
-"""Seed 003's examples as implicit Lagrangian systems: the Cartesian pendulum and the Ziegler column.
+"""Salnikov and Hamdouni's (2019) examples as implicit Lagrangian systems: the Cartesian pendulum and the Ziegler column.
 
 Both are given by the data the Dirac integrators take, a Lagrangian L(q, v) on TRⁿ and
-holonomic constraints φ(q) = 0 (seed 003 §III A and §IV B), with q Cartesian. The same
+holonomic constraints φ(q) = 0 (Salnikov and Hamdouni (2019) §III A and §IV B), with q Cartesian. The same
 data give the index-reduced Hamiltonian system (`LagrangianModel.system`, the Legendre
 transform by autodiff) for `geomjax.dirac_field`, `geomjax.rattle` and friends. Flat
 states are x = (q, p), p = ∂L/∂v = m v.
@@ -53,7 +53,7 @@ class LagrangianModel(eqx.Module):
 
 
 # --------------------------------------------------------------------------------------
-# The pendulum of seed 003 §III A, eq. (5)
+# The pendulum of Salnikov and Hamdouni (2019) §III A, eq. (5)
 
 
 def _pendulum_lagrangian(params, q, v):
@@ -71,7 +71,7 @@ def pendulum_state(angle: Float[ArrayLike, "*batch"], length: float = 1.0) -> Fl
 
 
 def cartesian_pendulum(m=1.0, g=1.0, length=1.0, angle=1.0) -> LagrangianModel:
-    """Seed 003's pendulum: L = m/2 |v|² − m g y on TR², φ = x² + y² − ℓ² (eq. (5)).
+    """Salnikov and Hamdouni's (2019) pendulum: L = m/2 |v|² − m g y on TR², φ = x² + y² − ℓ² (eq. (5)).
 
     Released from rest at `angle` (radians) from the downward vertical:
     q₀ = ℓ(sin θ₀, −cos θ₀), p₀ = 0.
@@ -95,7 +95,7 @@ def cartesian_pendulum(m=1.0, g=1.0, length=1.0, angle=1.0) -> LagrangianModel:
 
 
 # --------------------------------------------------------------------------------------
-# The Ziegler column of seed 003 §IV B
+# The Ziegler column of Salnikov and Hamdouni (2019) §IV B
 
 
 def _rods(q):
@@ -157,7 +157,7 @@ def column_state(
 
 
 def ziegler_column(n=2, k=1.0, P=0.4, lengths=1.0, m=1.0, angles=None) -> LagrangianModel:
-    """The Ziegler column of seed 003 §IV B: n rods from a fixed base, point masses at the
+    """The Ziegler column of Salnikov and Hamdouni (2019) §IV B: n rods from a fixed base, point masses at the
     joints and the tip, joint springs and a constant load P on every joint.
 
     q = (x₁, y₁, …, xₙ, yₙ) (joint i at q_i, the base q₀ = 0 fixed), and
@@ -166,10 +166,10 @@ def ziegler_column(n=2, k=1.0, P=0.4, lengths=1.0, m=1.0, angles=None) -> Lagran
         φ_i = |q_i − q_{i−1}|² − ℓ_i²,
 
     with θ_i = atan2(x_i − x_{i−1}, y_i − y_{i−1}) the angle of rod i from the upward
-    vertical (`column_angles`). The seed prints +k/2 θ² in L: that is an anti-restoring
+    vertical (`column_angles`). The paper prints +k/2 θ² in L: that is an anti-restoring
     spring (a potential −k/2 θ²); the restoring springs the text describes ("a harmonic
     force tending to align the segments") have the potential +k/2 θ², so L carries −k/2 θ².
-    The angles jump by 2π where a rod passes the downward vertical, as in the seed (its
+    The angles jump by 2π where a rod passes the downward vertical, as in the paper (its
     full-turn artefact is exactly such a passage).
 
     For n = 2 with equal k, ℓ, the upright column loses stability at P ℓ/k = 1 − 1/√2 ≈ 0.293

@@ -1,8 +1,8 @@
-"""Seed 001's nonholonomic systems on T*Rⁿ: knife edge, vertical rolling disk, Heisenberg
+"""Chang and Perlmutter's (2019) nonholonomic systems on T*Rⁿ: knife edge, vertical rolling disk, Heisenberg
 system, nonholonomic oscillator.
 
 Each constructor returns a `Model` whose system has `nonholonomic=ω(q)`; the feedback
-quantities are F = (J, H_ext, integrals) in the order of `quantity_names`. The seed's
+quantities are F = (J, H_ext, integrals) in the order of `quantity_names`. The paper's
 parameter values were lost in text extraction: the defaults below are our choices and
 are stated in each docstring.
 """
@@ -52,7 +52,7 @@ def _knife_exact(pr, t):
 
 
 def knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=jnp.pi / 6, omega=2.0) -> Model:
-    """A knife edge sliding on a plane inclined at angle α (seed 001 §3.2; Bloch §1.6).
+    """A knife edge sliding on a plane inclined at angle α (Chang and Perlmutter (2019) §3.2; Bloch §1.6).
 
     q = (x, y, φ): contact point (x downhill) and blade heading; p = (p_x, p_y, p_φ);
     H = (p_x² + p_y²)/2m + p_φ²/2J − m g sin α·x; constraint ẋ sin φ − ẏ cos φ = 0,
@@ -60,7 +60,7 @@ def knife_edge(m=1.0, inertia=1.0, g=9.81, alpha=jnp.pi / 6, omega=2.0) -> Model
     x0 = (0, 0, 0, 0, 0, JΩ). Exact solution (a cycloid), A = g sin α / 2Ω²:
     x = A sin²Ωt, y = A(Ωt − ½ sin 2Ωt), φ = Ωt.
 
-    Defaults (ours; the seed's were lost): m = J = 1, g = 9.81, α = π/6, Ω = 2.
+    Defaults (ours; the paper's were lost): m = J = 1, g = 9.81, α = π/6, Ω = 2.
 
     `quantity_names = ("J", "H", "p_phi")`: p_φ is conserved on the constraint set (the
     true motion); off it the extended field changes it at the rate
@@ -137,7 +137,7 @@ def _disk_exact(pr, x0, t):
 
 
 def _disk_seed_tensor(pr, x):
-    """The almost-Poisson tensor of seed 001's (60): canonical, plus ṗ_x = −φ̇p_y, ṗ_y = φ̇p_x."""
+    """The almost-Poisson tensor of Chang and Perlmutter's (2019) (60): canonical, plus ṗ_x = −φ̇p_y, ṗ_y = φ̇p_x."""
     px, py = x[4], x[5]
     zero = jnp.zeros_like(px)
     rot = jnp.stack(
@@ -181,7 +181,7 @@ def vertical_disk(
     omega_rolling=2.0,
     extension="generic",
 ) -> Model:
-    """A disk rolling upright without slipping on the plane (seed 001 §3.4; Bloch §1.4).
+    """A disk rolling upright without slipping on the plane (Chang and Perlmutter (2019) §3.4; Bloch §1.4).
 
     q = (x, y, φ, θ): contact point, heading, rolling angle; H = (p_x² + p_y²)/2m +
     p_φ²/2I_φ + p_θ²/2I_θ; constraints ẋ = R cos φ θ̇, ẏ = R sin φ θ̇, i.e.
@@ -195,10 +195,10 @@ def vertical_disk(
     `extension` chooses how the motion is continued off the constraint set:
 
     - `"generic"` (default): `System(H, canonical(4), nonholonomic=ω, integrals=(p_φ, p_θ))`,
-      whose extended field (`geomjax.nonholonomic_field`, seed 001 §2) keeps J and H_ext
+      whose extended field (`geomjax.nonholonomic_field`, Chang and Perlmutter (2019) §2) keeps J and H_ext
       everywhere but p_φ, p_θ only on J = 0.
       `quantity_names = ("J1", "J2", "H", "p_phi", "p_theta")`.
-    - `"seed"`: seed 001's modification (60), in which *all* momenta are conserved on the
+    - `"seed"`: Chang and Perlmutter's (2019) modification (60), in which *all* momenta are conserved on the
       whole phase space: the body momenta μ₁ = p_x cos φ + p_y sin φ (forward),
       μ₂ = −p_x sin φ + p_y cos φ (lateral), p_φ and p_θ. In these coordinates it is
       q̇ = ∂H/∂p, ṗ_x = −φ̇ p_y, ṗ_y = φ̇ p_x, ṗ_φ = ṗ_θ = 0 (the space momentum turns with
@@ -209,7 +209,7 @@ def vertical_disk(
       body frame, μ₁/m − Rθ̇ and μ₂/m, are functions of the conserved momenta, so J = 0 is
       invariant and on it the motion is the rolling disk's. The system has no constraint
       forms; its integrals are the four momenta, and `geomjax.feedback_field` with gains
-      (0, k, k, k, k) (H left out) is the seed's feedback integrator (61), with V a
+      (0, k, k, k, k) (H left out) is the paper's feedback integrator (61), with V a
       quadratic in the momenta only.
       `quantity_names = ("H", "mu_1", "mu_2", "p_phi", "p_theta")`.
 
@@ -275,7 +275,7 @@ def _line(x0, t):
 
 
 def heisenberg(q0=(1.0, 0.5, 0.0), v0=(0.3, 1.0)) -> Model:
-    """The Heisenberg system (seed 001 §3.6): a free particle in R³ with ż = y ẋ − x ẏ.
+    """The Heisenberg system (Chang and Perlmutter (2019) §3.6): a free particle in R³ with ż = y ẋ − x ẏ.
 
     H = ½|p|², ω(q) = (−y, x, 1) (not normalised). On the constraint set the multiplier
     vanishes, so the motion is the straight line q(t) = q₀ + t q̇₀ — a sharp test that no
@@ -323,12 +323,12 @@ def _y_energy(x):
 
 
 def nonholonomic_oscillator(eps=0.3, q0=(1.0, 0.0, 1.0), p0=(0.0, 1.0, 0.5)) -> Model:
-    """The nonholonomic ("contact") oscillator (seed 001 §3.7; McLachlan–Perlmutter 2006).
+    """The nonholonomic ("contact") oscillator (Chang and Perlmutter (2019) §3.7; McLachlan–Perlmutter 2006).
 
     q = (x, y, z), H = ½(|p|² + |q|²) + (ε/2) x²z², constraint ẋ + y ż = 0, i.e.
     ω(q) = (1, 0, y). The y-motion decouples (ÿ = −y), so H_y = ½(y² + ẏ²) is conserved:
     with y₀ = 0, ẏ₀ = 1 it is y = sin t, period 2π; Poincaré sections are taken at y = 0,
-    ẏ > 0. ε = 0.3 is McLachlan–Perlmutter's value; the seed's initial state was lost and
+    ẏ > 0. ε = 0.3 is McLachlan–Perlmutter's value; the paper's initial state was lost and
     ours is q₀ = (1, 0, 1), p₀ = (0, 1, 0.5) (on the constraint: p_x + y p_z = 0).
 
     `quantity_names = ("J", "H", "H_y")`; H_y is conserved on the constraint set.

@@ -1,4 +1,4 @@
-"""Seed 001's nonholonomic systems on Lie groups and trivial bundles: the Suslov problem on
+"""Chang and Perlmutter's (2019) nonholonomic systems on Lie groups and trivial bundles: the Suslov problem on
 SO(3), the Chaplygin sleigh on SE(2), the roller racer on SE(2) × S¹.
 
 The group is embedded in Euclidean space (R ∈ R^{3×3}; SE(2) as (x, y, cos θ, sin θ)) with
@@ -6,7 +6,7 @@ the left-trivialised structures `geomjax.left_trivialised_so3/se2`; the constrai
 one-forms acting on the body velocity ∂H/∂μ. The feedback Lyapunov function gets the
 extra term k₀/4‖D‖² (D = RᵀR − I or cos² + sin² − 1), so `quantity_names` ends with the
 embedding defect and one gain per name is expected. Parameters are our choices where
-the seed's were lost (stated in each docstring).
+the paper's were lost (stated in each docstring).
 """
 
 import functools
@@ -64,7 +64,7 @@ def _suslov_exact(pr, x0, reduced, t):
 
 
 def suslov(inertia=(1.0, 2.0, 3.0), xi=(0.0, 0.0, 1.0), omega0=(1.0, 1.0, 0.0), reduced=False) -> Model:
-    """The Suslov problem (seed 001 §3.1): a rigid body with ⟨ξ, Ω⟩ = 0 for a body-fixed ξ.
+    """The Suslov problem (Chang and Perlmutter (2019) §3.1): a rigid body with ⟨ξ, Ω⟩ = 0 for a body-fixed ξ.
 
     Π̇ = Π × Ω + λξ, Ṙ = RΩ̂, Ω = I⁻¹Π, H = ½Π·I⁻¹Π; the constraint one-form ξ acts on the
     velocity ∂H/∂Π = Ω. With `reduced=False` the state is (R, Π) on T*SO(3) with R embedded
@@ -163,7 +163,7 @@ def _sleigh_exact(pr, x0, t):
 
 
 def chaplygin_sleigh(m=1.0, inertia=1.0, a=1.0, v0=1.0, omega0=1.0, theta0=0.0) -> Model:
-    """The Chaplygin sleigh (seed 001 §3.3; Bloch §1.7) on SE(2) with (cos θ, sin θ) embedded.
+    """The Chaplygin sleigh (Chang and Perlmutter (2019) §3.3; Bloch §1.7) on SE(2) with (cos θ, sin θ) embedded.
 
     State (x, y, cos θ, sin θ, μ_θ, μ_x, μ_y): contact point, heading, body momenta; the
     centre of mass lies a distance a ahead of the blade, mass m, inertia J about the centre
@@ -216,7 +216,7 @@ def _racer_forms(pr, g):
 
 
 def roller_racer(m=1.0, inertia1=1.0, inertia2=0.5, d1=1.0, d2=0.5, phi0=0.5, omega0=0.3, phi_dot0=0.5) -> Model:
-    """The roller racer (seed 001 §3.5; Bloch pp. 42–43, 386–387) on SE(2) × S¹.
+    """The roller racer (Chang and Perlmutter (2019) §3.5; Bloch pp. 42–43, 386–387) on SE(2) × S¹.
 
     Two planar bodies joined at a pivot, each on a pair of wheels that cannot slip
     sideways. Configuration: the first body's axle centre (x, y) and heading θ (embedded as

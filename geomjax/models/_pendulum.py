@@ -1,4 +1,4 @@
-"""Seed 000's pendulums: constrained to the sphere (§2.3) and to the circle (§2.4)."""
+"""Chang, Perlmutter and Vankerschaver's (2022) pendulums: constrained to the sphere (§2.3) and to the circle (§2.4)."""
 
 import jax.numpy as jnp
 from jax.tree_util import Partial
@@ -15,7 +15,7 @@ def _pendulum_hamiltonian(params, x):
 
 
 def _radial_constraints(x):
-    """f = (|q|², q·p): the sphere/circle and its tangency, seed 000's second-class set."""
+    """f = (|q|², q·p): the sphere/circle and its tangency, Chang, Perlmutter and Vankerschaver's (2022) second-class set."""
     n = x.shape[0] // 2
     q, p = x[:n], x[n:]
     return jnp.stack([q @ q, q @ p])
@@ -31,11 +31,11 @@ def _vertical_angular_momentum(x):
 
 
 def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False) -> Model:
-    """The spherical pendulum of seed 000 §2.3 on T*S² ⊂ T*R³.
+    """The spherical pendulum of Chang, Perlmutter and Vankerschaver (2022) §2.3 on T*S² ⊂ T*R³.
 
     H = |p|²/2m + m g q₃, second-class constraints f = (|q|², q·p) (level set (ℓ², 0)),
     extra integral J = q₁p₂ − q₂p₁. Default start q(0) = (0, ℓ, 0), p(0) = (1, 0, −1), so
-    f = (ℓ², 0), J = −ℓ and H = 1 for m = g = ℓ = 1 (the seed prints H₀ = 2, a slip).
+    f = (ℓ², 0), J = −ℓ and H = 1 for m = g = ℓ = 1 (the paper prints H₀ = 2, a slip).
 
     **Arguments:**
 
@@ -78,7 +78,7 @@ def spherical_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=Fal
 
 
 def planar_pendulum(m=1.0, g=1.0, length=1.0, q0=None, p0=None, holonomic=False) -> Model:
-    """The planar pendulum of seed 000 §2.4 on T*S¹ ⊂ T*R².
+    """The planar pendulum of Chang, Perlmutter and Vankerschaver (2022) §2.4 on T*S¹ ⊂ T*R².
 
     H = |p|²/2m + m g y, constraints f = (|q|², q·p); default start q(0) = (ℓ, 0),
     p(0) = (0, 0) (released from the horizontal; one period ≈ 7.4163 for m = g = ℓ = 1).

@@ -1,6 +1,6 @@
-"""Exact sub-flows of the pendulum on T*Sⁿ⁻¹ for splitting methods (seed 000 §2.3).
+"""Exact sub-flows of the pendulum on T*Sⁿ⁻¹ for splitting methods (Chang, Perlmutter and Vankerschaver (2022) §2.3).
 
-Seed 000 splits H = |p|²/2m + m g qₙ into the kinetic part H¹ = |p|²/2m and the potential
+Chang, Perlmutter and Vankerschaver (2022) splits H = |p|²/2m + m g qₙ into the kinetic part H¹ = |p|²/2m and the potential
 part H² = m g qₙ. Restricted to T*S = {|q| = r, q·p = 0}, each has a flow in closed form:
 
 - H¹|T*S is the geodesic flow: uniform motion on the great circle through q in the
@@ -113,7 +113,7 @@ class GravityKick(StructureStep):
 def pendulum_flows(model: Model) -> tuple[GreatCircleFlow, GravityKick]:
     """The exact flows of the kinetic and potential parts of a pendulum on T*Sⁿ⁻¹.
 
-    For H = |p|²/2m + m g qₙ (seed 000's spherical pendulum, n = 3, or planar pendulum,
+    For H = |p|²/2m + m g qₙ (Chang, Perlmutter and Vankerschaver's (2022) spherical pendulum, n = 3, or planar pendulum,
     n = 2), returns the two sub-flows of the splitting H = H¹ + H²:
 
     - kinetic φ¹_t (H¹ = |p|²/2m): with r = |q| and θ = |p|t/(m r),
