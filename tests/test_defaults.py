@@ -3,7 +3,6 @@ failure message of gains past the stability bound, the default method per field,
 Hamiltonian field of a System, step statistics and end times of runs, and named
 quantities in plots and messages."""
 
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
