@@ -36,6 +36,44 @@ def test_adaptive_dopri8_agrees_with_small_step_rk4(setup, rk4_reference):
     assert int(sol.num_steps) > 0
 
 
+def test_end_time_and_saves_give_the_same_run_with_step_statistics(setup, rk4_reference):
+    """`t1=`/`saves=` with a diffrax solver: the run over [t0, t1] saved at equal intervals,
+    the same as the `dt`/`steps` form with the same first step; `stats` counts the steps."""
+    model, dirac, _ = setup
+    kw = dict(method=diffrax.Dopri8(), rtol=1e-10, atol=1e-12)
+    by_end = geomjax.integrate(dirac, model.x0, t1=1.0, saves=10, dt=0.1, **kw)
+    by_steps = geomjax.integrate(dirac, model.x0, dt=0.1, steps=10, **kw)
+    np.testing.assert_allclose(by_end.ts, np.linspace(0.0, 1.0, 11), atol=1e-15)
+    np.testing.assert_array_equal(np.asarray(by_end.xs), np.asarray(by_steps.xs))
+    stats = by_end.stats
+    assert int(stats["num_accepted_steps"]) + int(stats["num_rejected_steps"]) == int(stats["num_steps"]) > 0
+    # no first step given: diffrax chooses it; the saves are the same up to the tolerance
+    auto = geomjax.integrate(dirac, model.x0, t1=1.0, saves=10, **kw)
+    np.testing.assert_allclose(np.asarray(auto.xs), rk4_reference, atol=1e-9)
+    # a fixed-step run counts its steps too
+    assert int(geomjax.integrate(dirac, model.x0, dt=0.1, steps=10, method="rk4").stats["num_steps"]) == 10
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(t1=1.0, method="rk4", dt=0.1), "t1= and saves= are for diffrax solvers"),
+        (dict(t1=1.0, steps=10, dt=0.1), "not both"),
+        (dict(saves=10, dt=0.1), "saves= goes with t1="),
+        (dict(t1=1.0, save_every=2, dt=0.1), "not save_every="),
+        (dict(t1=-1.0, dt=0.1, rtol=1e-6), "after t0"),
+        (dict(t1=1.0), "give dt="),
+        (dict(method="rk4"), "integrate needs dt= and steps="),
+    ],
+)
+def test_end_time_misuse_is_refused_in_words(setup, kwargs, match):
+    model, dirac, _ = setup
+    if ("t1" in kwargs or "saves" in kwargs) and "method" not in kwargs:
+        kwargs = dict(method=diffrax.Tsit5(), **kwargs)
+    with pytest.raises((ValueError, TypeError), match=match):
+        geomjax.integrate(dirac, model.x0, **kwargs)
+
+
 def test_tolerances_may_be_traced(setup, rk4_reference):
     """rtol/atol as tracers (a tolerance sweep under jit or vmap) run, and equal the eager run."""
     model, dirac, _ = setup

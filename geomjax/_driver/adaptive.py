@@ -5,6 +5,8 @@ Imported only when a diffrax solver is passed, so that `import geomjax` does not
 diffrax.
 """
 
+import dataclasses
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -24,12 +26,14 @@ class _RejectNonFinite(diffrax.PIDController):
 
 
 
-def run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+def run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol, dt0=None):
+    """The run over [t0, t0 + dt·steps], saved every `save_every`·dt; `dt0` (default `dt`)
+    is diffrax's first step."""
     options = (steps, save_every, rtol, atol, max_steps, start_tol, drift_tol)
-    return compiled_call(_diffrax_run, options, field, solver, x0, dt, t0, args)
+    return compiled_call(_diffrax_run, options, field, solver, x0, dt, t0, args, dt if dt0 is None else dt0)
 
 
-def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, dt0, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
     """A diffrax solve with the start check and the save-point monitoring, compiled whole."""
     field, (z0, record), monitor = begin(field, x0, dt, start_tol, drift_tol, t0)
     start_ok = record[STATUS] == OK
@@ -57,7 +61,7 @@ def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_eve
         solver,
         t0,
         t1,
-        dt,
+        dt0,
         z0,
         args=args,
         saveat=diffrax.SaveAt(ts=ts),
@@ -94,4 +98,5 @@ def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, steps, save_eve
     xs = flag_failed(xs, ~keep[:, None])
     xs = xs.at[0].set(x0)
     record = jnp.stack([num_steps, failed_step.astype(jnp.int64), code.astype(jnp.int64)])
-    return solution_from_record(ts, xs, record, dt, t0)
+    stats = {k: jnp.asarray(sol.stats[k], jnp.int64) for k in ("num_steps", "num_accepted_steps", "num_rejected_steps", "max_steps")}
+    return dataclasses.replace(solution_from_record(ts, xs, record, dt, t0), stats=stats)

@@ -213,7 +213,7 @@ def solution_from_record(ts, xs, record, dt, t0):
     code = record[STATUS]
     num_steps = jnp.where(failed_step >= 0, jnp.maximum(failed_step - 1, 0), record[STEPS])
     result = from_code(code)
-    return Solution(ts, xs, result, failed_step, dt, t0, num_steps)
+    return Solution(ts, xs, result, failed_step, dt, t0, num_steps, {"num_steps": num_steps})
 
 
 # `no_detail`'s results, per dtype and note: made once (an immutable module of three

@@ -25,6 +25,7 @@ runs saved every one or two steps, for the whole run (`_fast_variant_then_step`)
 """
 
 import dataclasses
+import math
 import operator
 import sys
 from collections.abc import Callable
@@ -648,6 +649,30 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
+def _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive: bool, rtol, atol):
+    """`(dt of the save grid, first step, steps, save_every)` of a diffrax run given by its
+    end time `t1` and `saves` equal save intervals (see `integrate`)."""
+    if not adaptive:
+        raise ValueError(
+            "t1= and saves= are for diffrax solvers (method=diffrax.Tsit5(), ...), which choose their own steps; "
+            "a fixed-step method runs steps= steps of dt=, to t0 + dt·steps"
+        )
+    if t1 is None:
+        raise ValueError("saves= goes with t1= (saves equally spaced intervals of [t0, t1])")
+    if steps is not None:
+        raise ValueError("give either t1= (the solver chooses its steps) or steps= (t1 = t0 + dt·steps), not both")
+    if save_every != 1:
+        raise ValueError("with t1=, saves= sets the save points (equally spaced over [t0, t1]), not save_every=")
+    saves = _as_count(100 if saves is None else saves, "saves")
+    if is_concrete((t0, t1)):
+        span = float(np.asarray(t1)) - float(np.asarray(t0))
+        if not (math.isfinite(span) and span > 0.0):
+            raise ValueError(f"t1 must be finite and after t0, got t0 = {float(np.asarray(t0)):g}, t1 = {float(np.asarray(t1)):g}")
+    if dt is None and rtol is None and atol is None:
+        raise ValueError("a diffrax run without rtol/atol takes constant steps: give dt= (or rtol=/atol= to adapt)")
+    return (t1 - t0) / saves, dt, saves, 1
+
+
 def default_method(field) -> str:
     """The method `integrate` uses for `field` when none is given: `"euler"` for feedback
     fields (feedback Euler, the integrator of Chang, Perlmutter and Vankerschaver (2022) and of Bae & Chang's adaptive gain,
@@ -788,8 +813,8 @@ def integrate(
     field_or_step: Callable,
     x0: Float[ArrayLike, " n"],
     *,
-    dt: Float[ArrayLike, ""],
-    steps: int,
+    dt: Float[ArrayLike, ""] | None = None,
+    steps: int | None = None,
     method=None,
     save_every: int = 1,
     t0: Float[ArrayLike, ""] = 0.0,
@@ -803,6 +828,8 @@ def integrate(
     progress: bool | str = False,
     checkpoint: bool = True,
     accuracy_tol: float | None = None,
+    t1: Float[ArrayLike, ""] | None = None,
+    saves: int | None = None,
 ) -> Solution:
     """Integrate a vector field or iterate a step map from `x0`.
 
@@ -849,6 +876,11 @@ def integrate(
     - `x0`: initial flat state (float64).
     - `dt`: step size (the initial step for adaptive diffrax solvers).
     - `steps`: number of steps; the final time is `t0 + steps·dt`.
+    - `t1`, `saves`: with a diffrax solver, instead of `steps`: run over [t0, t1] and save
+      at `saves` (default 100) equally spaced intervals, t0 + k(t1 − t0)/saves. `dt` is
+      then the first step only (optional with `rtol`/`atol`: diffrax chooses it), and
+      `Solution.stats` counts the steps the solver took. Without `t1` a diffrax run
+      covers [t0, t0 + dt·steps] and saves every `save_every`·dt.
     - `method`: for a field, the name of a one-step method (`"euler"`, `"heun"`,
       `"midpoint"`, `"rk3"`, `"rk4"`, and the implicit ones registered by geomjax:
       `geomjax.method_names()`), or any `diffrax.AbstractSolver` instance (adaptive when
@@ -881,7 +913,8 @@ def integrate(
 
     **Returns:**
 
-    A `geomjax.Solution` with `ts`, `xs`, `result` (`status`), `failed_step` and `message`.
+    A `geomjax.Solution` with `ts`, `xs`, `result` (`status`), `failed_step`, `message`
+    and `stats` (the step counts).
 
     Example:
 
@@ -897,9 +930,26 @@ def integrate(
     >>> coarse = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, save_every=100, accuracy_tol=1e-5, throw=False)
     >>> coarse.status_name, int(coarse.failed_step)
     ('inaccurate', 100)
+    >>> import diffrax
+    >>> X = geomjax.dirac_field(model.system)
+    >>> sol = geomjax.integrate(X, model.x0, t1=10.0, saves=5, method=diffrax.Tsit5(), rtol=1e-8, atol=1e-8)
+    >>> [float(t) for t in sol.ts], sol.message
+    ([0.0, 2.0, 4.0, 6.0, 8.0, 10.0], 'success')
+    >>> int(sol.stats["num_accepted_steps"]) > 0
+    True
 
     ```
     """
+    diffrax = sys.modules.get("diffrax")  # a diffrax solver exists only if diffrax was imported
+    dt0 = None
+    if t1 is not None or saves is not None:
+        adaptive = diffrax is not None and isinstance(method, diffrax.AbstractSolver)
+        dt, dt0, steps, save_every = _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive, rtol, atol)
+    elif dt is None or steps is None:
+        raise TypeError(
+            "integrate needs dt= and steps= (the run covers t0 + k·dt, k = 0..steps), or, with a diffrax solver, "
+            "t1= (the end time; the solver chooses its steps)"
+        )
     steps = _as_count(steps, "steps")
     save_every = _as_count(save_every, "save_every")
     check_positive_step(dt, steps, save_every)
@@ -911,7 +961,7 @@ def integrate(
         _check_start(target, x0, start_tol)
     dt = _as_scalar(dt, x0.dtype)
     t0 = _as_scalar(t0, x0.dtype)
-    diffrax = sys.modules.get("diffrax")  # a diffrax solver exists only if diffrax was imported
+    dt0 = None if dt0 is None else _as_scalar(dt0, x0.dtype)
     note = ""
     if method is None and not is_step:
         method = default_method(target)
@@ -921,7 +971,7 @@ def integrate(
 
         _as_accuracy_tol(accuracy_tol, adaptive=True)
         sol = run_diffrax(
-            target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol
+            target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol, dt0
         )
         sol = _explained(target, x0, sol, save_every, drift_tol, note)
     else:

@@ -71,6 +71,9 @@ class Solution(eqx.Module):
     - `num_steps`: steps completed before the failure (all steps when the run succeeded).
     - `detail`: a `FailureDetail`, the numbers behind `message` (which quantity left its
       tolerance, by how much), or None.
+    - `stats`: step statistics. Runs with a diffrax solver: `num_steps` (steps attempted),
+      `num_accepted_steps`, `num_rejected_steps` and `max_steps`, as diffrax counts them;
+      fixed-step runs: `num_steps`.
 
     `status` is the integer code of `result` (0 on success), `ok` says whether the run
     succeeded and `message` says in words what happened and where.
@@ -89,7 +92,8 @@ class Solution(eqx.Module):
     dt: jax.Array
     t0: jax.Array
     num_steps: jax.Array
-    detail: FailureDetail | None = None
+    stats: dict | None = None
+    detail: FailureDetail | None = None  # the last field (`integrate._with_detail`)
 
     @property
     def status(self):

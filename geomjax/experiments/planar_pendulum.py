@@ -315,10 +315,10 @@ def run(out_dir: pathlib.Path, progress: bool, step_counts=STEP_COUNTS, toleranc
     subtitle = f"planar pendulum, one period T = {t_final:.4f}"
     figures = [
         _plot(out_dir / f"{NAME}_step_size.png", {n: by_h[n] for n in fixed_names}, "step size h",
-              f"Error vs step size, {subtitle} (Chang, Perlmutter and Vankerschaver (2022) Fig. 6 left)", slopes=anchors),
+              f"Error vs step size, {subtitle}\n(Chang, Perlmutter and Vankerschaver 2022, Fig. 6 left)", slopes=anchors),
         _plot(out_dir / f"{NAME}_budget.png", by_budget,
               "budget (4 per feedback-field evaluation, 1 per ∇H evaluation)",
-              f"Error vs budget, {subtitle} (Chang, Perlmutter and Vankerschaver (2022) Fig. 6 right)"),
+              f"Error vs budget, {subtitle}\n(Chang, Perlmutter and Vankerschaver 2022, Fig. 6 right)"),
         _plot(out_dir / f"{NAME}_wall_time.png", by_wall, "measured wall time [s] (compiled, best of runs)",
               f"Error vs wall time, {subtitle}"),
     ]
