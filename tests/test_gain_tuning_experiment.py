@@ -15,6 +15,10 @@ from geomjax.experiments._common import save_json
 
 PROBLEM = "spherical_pendulum"
 
+# The experiment's quick run takes 15-18 s; its library calls are tested by
+# tests/test_gain_tuning.py in the default run: CI's extended job runs this module.
+pytestmark = pytest.mark.extended
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
