@@ -87,32 +87,14 @@ def spherical_quantities(x, m=1.0, g=1.0):
     return jnp.stack([f1, f2, h, j], axis=-1)
 
 
-def _resident_bytes() -> float:
-    """This process's resident memory now (Linux: /proc/self/statm); inf where unknown, so
-    that the caches are then always released."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return float("inf")
-
-
-# Above this resident size a worker drops its compiled programs at the end of a module
-# (the limit is 2 GB per worker; programs take 0.1-0.5 GB per heavy module).
-_RELEASE_ABOVE_BYTES = 1.2e9
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """A test module's compiled programs are dropped when it ends, if the worker has grown
-    past `_RELEASE_ABOVE_BYTES` (JAX's in-memory caches and the simplification pass's
-    plans): an xdist worker otherwise holds every program of every module it ran (measured
-    2.7–5.2 GB per worker over the suite). Below that they are kept, and later modules reuse
-    them without tracing again; programs dropped and needed again load from the persistent
-    compilation cache above."""
+    """Each test module's compiled programs are dropped when it ends (JAX's in-memory caches
+    and the simplification pass's plans): an xdist worker otherwise holds every program of
+    every module it ran (measured 2.7–5.2 GB per worker over the suite; keeping them while
+    a worker stays under 1.2 GB measured 2.2 GB at peak and no faster). Programs a later
+    module needs again load from the persistent compilation cache above."""
     yield
-    if _resident_bytes() < _RELEASE_ABOVE_BYTES:
-        return
     jax.clear_caches()
     from geomjax.internal import simplify
 

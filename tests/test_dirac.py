@@ -281,6 +281,7 @@ def test_chain_uses_the_tridiagonal_schur_complement_and_agrees_with_the_dense_s
     assert float(jnp.max(jnp.abs(jnp.concatenate(eqs(sparse))))) < 1e-12
 
 
+@pytest.mark.extended  # 9 s; gradients of Dirac steps in closed-over parameters: test_closures.py (dirac1)
 def test_gradient_in_the_ziegler_load_against_finite_differences():
     # d/dP of the final tip height of a Dirac-2 run of the Ziegler column (P enters L
     # through the model's parameters; one compilation serves every P).

@@ -79,6 +79,7 @@ def test_the_euler_bound_separates_stable_from_divergent_runs():
             assert sol.result == geomjax.RESULTS.invariant_drift and int(sol.failed_step) < 100
 
 
+@pytest.mark.extended  # 8 s; the rule of thumb for Euler is checked by test_defaults and the docs' gains page
 def test_rule_of_thumb_and_the_accuracy_warning_for_feedback_rk4():
     knife = geomjax.models.knife_edge()
     plain = geomjax.nonholonomic_field(knife.system)
@@ -108,6 +109,7 @@ def test_rule_of_thumb_and_the_accuracy_warning_for_feedback_rk4():
     assert h * float(geomjax.feedback_rate(Ye, knife.x0)) == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.extended  # 6.5 s; the adaptive gain runs in the docs' gains page
 def test_adaptive_gain_matches_its_definition_on_a_known_lyapunov_function():
     # Harmonic oscillator, F = (H): V = k/2 (H − H₀)², ∇V = k(H − H₀)∇H, and on the
     # invariant set ∇²V = k∇H∇Hᵀ = DFᵀKDF, whose Frobenius norm is k|∇H|²:
@@ -233,6 +235,7 @@ def test_forward_and_reverse_mode_give_the_same_gradient(double_pendulum):
         _differentiation("backward", scalar, field, "rk4", model.x0)
 
 
+@pytest.mark.extended  # 11 s; scalar gains and the built-in objectives are tested in the default run
 def test_matrix_gains_metric_reference_and_user_objectives():
     starts = np.stack([PENDULUM.x0, PENDULUM.x0 * np.array([1, 1, 1, 0.7, 1, 0.7])])
     Y = geomjax.feedback_field(PENDULUM.system, PENDULUM.x0, 2.0)
