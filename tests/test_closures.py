@@ -452,3 +452,11 @@ def test_the_examples_of_the_closure_and_check_helpers_run():
     for module in (geomjax.internal.closure, geomjax._validate):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+@pytest.fixture(autouse=True)
+def _release_each_cases_programs():
+    """Every case here compiles its own programs (forward, jit(grad), finite differences):
+    dropped after each test, so that a worker stays under 2 GB through this module."""
+    yield
+    jax.clear_caches()

@@ -56,6 +56,9 @@ SAME_FIGURE_CODE = {
 # and whose figure code is like that of experiments drawn here: figures checked by the extended job.
 SLOW_FIGURES = {
     "pendulum-dirac", "nonholonomic-oscillator", "ziegler-bifurcation", "ziegler-column", "damped-foucault", "vertical-disk",
+    # 8-11 s each; their tables' legends are checked by tests/test_table_legends.py and their
+    # numbers by tests/test_nonholonomic*.py, test_herglotz.py and test_feedback_paper_models.py
+    "suslov", "damped-oscillator", "kepler",
 }
 
 

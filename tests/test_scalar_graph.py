@@ -69,7 +69,14 @@ def _arith_count(fn, *args):
     return count(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
-@pytest.mark.parametrize("name", sorted(FEEDBACK_MODELS))
+# the two largest nonholonomic fields (3-4 s each) in CI's extended job; the others in
+# the default run go through the same simplification of a nonholonomic feedback field
+_EXTENDED_MODELS = {"vertical_disk", "roller_racer"}
+
+
+@pytest.mark.parametrize(
+    "name", [n if n not in _EXTENDED_MODELS else pytest.param(n, marks=pytest.mark.extended) for n in sorted(FEEDBACK_MODELS)]
+)
 def test_simplified_fields_equal_the_fields_as_derived(name, rng):
     model = FEEDBACK_MODELS[name]()
     x0 = np.asarray(model.x0)
