@@ -164,6 +164,7 @@ _DOC_PAGES = {page: blocks for page, blocks in _DOC_PAGES.items() if blocks}
 
 
 @pytest.mark.parametrize("page", list(_DOC_PAGES))
+@pytest.mark.filterwarnings("ignore::geomjax.ChosenGainsWarning")  # what the getting-started page shows
 def test_docs_python_blocks_run(page):
     """The ```python blocks of each page under docs/ run, in order, in one namespace (a
     page's later blocks go on from its earlier ones, as a reader does; README blocks:
