@@ -252,27 +252,22 @@ def main(argv=None):
         )
     print(f"{'NumPy loop':<22}{t_numpy:>12.2f}{t_numpy / n1 * 1e9:>10.0f}{t_numpy / times['hand']:>9.1f}")
     print()
-    fixed, bfixed = times["hand, fixed"], btimes["hand, fixed"]
-    print(f"targets (issue 25), against hand, fixed ({FIXED} Newton iterations, no check, no fallback):")
-    for name in ["derived", "integrate"]:
-        print(
-            f"  {name:<10} single (inside jit): {_verdict(times[name] / fixed, TARGET_SINGLE)}; "
-            f"vmap {args.batch}: {_verdict(btimes[name] / bfixed, TARGET_VMAP)}"
-        )
-    checked, bchecked = times["hand, fixed, checked"], btimes["hand, fixed, checked"]
-    print(f"the floor under geomjax's guarantee, hand, fixed, checked ({FIXED} iterations, the check, a loop where it fails):")
-    for name in ["derived", "integrate"]:
-        print(
-            f"  {name:<10} single (inside jit): {_verdict(times[name] / checked, TARGET_SINGLE)}; "
-            f"vmap {args.batch}: {_verdict(btimes[name] / bchecked, TARGET_VMAP)}"
-        )
-    print(f"  (hand, fixed, checked / hand, fixed: {checked / fixed:.2f}x single, {bchecked / bfixed:.2f}x vmap)")
-    print("the same against hand (Newton in a loop with the same stopping test, the same algorithm):")
-    for name in ["derived", "integrate"]:
-        print(
-            f"  {name:<10} single (inside jit): {_verdict(times[name] / times['hand'], TARGET_SINGLE)}; "
-            f"vmap {args.batch}: {_verdict(btimes[name] / btimes['hand'], TARGET_VMAP)}"
-        )
+    def verdicts(title, reference):
+        print(title)
+        for name in ["derived", "integrate"]:
+            print(
+                f"  {name:<10} single (inside jit): {_verdict(times[name] / times[reference], TARGET_SINGLE)}; "
+                f"vmap {args.batch}: {_verdict(btimes[name] / btimes[reference], TARGET_VMAP)}"
+            )
+
+    verdicts(f"targets (issue 25), against hand, fixed ({FIXED} Newton iterations, no check, no fallback):", "hand, fixed")
+    verdicts(
+        f"the floor under geomjax's guarantee, hand, fixed, checked ({FIXED} iterations, the check, a loop where it fails):",
+        "hand, fixed, checked",
+    )
+    checked, fixed = times["hand, fixed, checked"] / times["hand, fixed"], btimes["hand, fixed, checked"] / btimes["hand, fixed"]
+    print(f"  (hand, fixed, checked / hand, fixed: {checked:.2f}x single, {fixed:.2f}x vmap)")
+    verdicts("the same against hand (Newton in a loop with the same stopping test, the same algorithm):", "hand")
     print(
         f"derived / hand (Newton loop): {times['derived'] / times['hand']:.2f}x (single), "
         f"{btimes['derived'] / btimes['hand']:.2f}x (vmap {args.batch}); "

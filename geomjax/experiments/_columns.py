@@ -52,6 +52,7 @@ LEGENDS: dict[str, str] = {
         "leading coefficient κ of the method's damping-rate error, fitted from the energy decay: "
         "rate = α + κh + O(h²) (contact map: κ ≈ α²/2, forced DLA: κ ≈ −α²/2)"
     ),
+    "max |phi|": "largest constraint error |φ(q)| over the run (0 on the exact flow)",
     "turns over top": "whether the pendulum goes over the top at some point of the run",
     # Foucault pendulum
     "max jump [deg]": "largest jump of the swing plane between two half swings, in degrees",
