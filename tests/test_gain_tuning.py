@@ -178,6 +178,10 @@ def test_tuning_beats_the_papers_gains_on_held_out_states_and_keeps_the_bound(do
     matplotlib.use("Agg")
     fig = tuned.plot()
     assert len(fig.axes) == 2 and fig.axes[0].lines
+    # gains tuned alike (the two rods' constraints) are one curve, not curves hiding each other
+    from geomjax.experiments._figure_check import figure_problems
+
+    assert figure_problems(fig) == []
 
 
 def test_gradient_of_the_objective_against_finite_differences(double_pendulum):

@@ -384,9 +384,19 @@ class TuningResult(eqx.Module):
             labels = self.gain_labels()
             if len(labels) != g.shape[1]:  # a gain matrix: its entries
                 labels = [f"K[{j}]" for j in range(g.shape[1])]
+            # gains whose histories agree to 0.1 % (equal by symmetry, e.g. the two rods' velocity
+            # constraints; closer than a pixel on the plot) are one curve labelled by all of
+            # them ("gdot1 ≈ gdot2"), not curves hiding each other
+            groups: list[list[int]] = []
             for j in range(g.shape[1]):
-                if np.any(g[:, j] > 0):  # a zero gain stays zero: nothing to draw on a log axis
-                    axes[1].semilogy(it, g[:, j], label=labels[j])
+                same = next((grp for grp in groups if np.allclose(g[:, j], g[:, grp[0]], rtol=1e-3, atol=0.0)), None)
+                if same is None:
+                    groups.append([j])
+                else:
+                    same.append(j)
+            for k, grp in enumerate(groups):
+                if np.any(g[:, grp[0]] > 0):  # a zero gain stays zero: nothing to draw on a log axis
+                    axes[1].semilogy(it, g[:, grp[0]], marker="os^vD<>"[k % 7], ms=3, label=" ≈ ".join(labels[j] for j in grp))
             axes[1].legend(loc="best", fontsize="small", ncol=2, title="gain on")
         else:
             axes[1].semilogy(it, np.abs(g).max(axis=1), label="max |K|")
