@@ -50,6 +50,11 @@ def test_end_time_and_saves_give_the_same_run_with_step_statistics(setup, rk4_re
     # no first step given: diffrax chooses it; the saves are the same up to the tolerance
     auto = geomjax.integrate(dirac, model.x0, t1=1.0, saves=10, **kw)
     np.testing.assert_allclose(np.asarray(auto.xs), rk4_reference, atol=1e-9)
+    # constant steps of dt to t1: the same run as dt/steps, saved at the t1 grid
+    constant = geomjax.integrate(dirac, model.x0, t1=1.0, saves=4, dt=0.01, method=diffrax.Tsit5())
+    by_count = geomjax.integrate(dirac, model.x0, dt=0.01, steps=100, save_every=25, method=diffrax.Tsit5())
+    assert constant.message == "success" and int(constant.stats["num_steps"]) == 100
+    np.testing.assert_allclose(np.asarray(constant.xs), np.asarray(by_count.xs), rtol=0, atol=1e-13)
     # a fixed-step run counts its steps too
     assert int(geomjax.integrate(dirac, model.x0, dt=0.1, steps=10, method="rk4").stats["num_steps"]) == 10
 
@@ -63,6 +68,7 @@ def test_end_time_and_saves_give_the_same_run_with_step_statistics(setup, rk4_re
         (dict(t1=1.0, save_every=2, dt=0.1), "not save_every="),
         (dict(t1=-1.0, dt=0.1, rtol=1e-6), "after t0"),
         (dict(t1=1.0), "give dt="),
+        (dict(t1=1.0, dt=-0.1, rtol=1e-6), "must be > 0"),
         (dict(method="rk4"), "integrate needs dt= and steps="),
     ],
 )

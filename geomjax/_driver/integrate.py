@@ -649,9 +649,11 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
-def _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive: bool, rtol, atol):
-    """`(dt of the save grid, first step, steps, save_every)` of a diffrax run given by its
-    end time `t1` and `saves` equal save intervals (see `integrate`)."""
+def _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive: bool, rtol, atol, max_steps):
+    """`(dt of the save grid, first step, steps, save_every, max_steps)` of a diffrax run
+    given by its end time `t1` and `saves` equal save intervals (see `integrate`). With
+    constant steps (no `rtol`/`atol`) the run takes ⌈(t1 − t0)/dt⌉ steps of `dt`, which is
+    `max_steps` unless given."""
     if not adaptive:
         raise ValueError(
             "t1= and saves= are for diffrax solvers (method=diffrax.Tsit5(), ...), which choose their own steps; "
@@ -668,9 +670,17 @@ def _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive: bool, rtol, a
         span = float(np.asarray(t1)) - float(np.asarray(t0))
         if not (math.isfinite(span) and span > 0.0):
             raise ValueError(f"t1 must be finite and after t0, got t0 = {float(np.asarray(t0)):g}, t1 = {float(np.asarray(t1)):g}")
-    if dt is None and rtol is None and atol is None:
-        raise ValueError("a diffrax run without rtol/atol takes constant steps: give dt= (or rtol=/atol= to adapt)")
-    return (t1 - t0) / saves, dt, saves, 1
+    if dt is not None and is_concrete(dt) and not float(np.asarray(dt)) > 0.0:
+        raise ValueError(f"dt (the first step) must be > 0, got {float(np.asarray(dt)):g}")
+    if rtol is None and atol is None:
+        if dt is None:
+            raise ValueError("a diffrax run without rtol/atol takes constant steps: give dt= (or rtol=/atol= to adapt)")
+        if max_steps is None:
+            if not is_concrete((t0, t1, dt)):
+                raise ValueError("a constant-step diffrax run to a traced t1 needs max_steps= (its number of steps)")
+            span = float(np.asarray(t1)) - float(np.asarray(t0))
+            max_steps = math.ceil(span / float(np.asarray(dt)) * (1.0 - 1e-12)) + 1
+    return (t1 - t0) / saves, dt, saves, 1, max_steps
 
 
 def default_method(field) -> str:
@@ -944,7 +954,9 @@ def integrate(
     dt0 = None
     if t1 is not None or saves is not None:
         adaptive = diffrax is not None and isinstance(method, diffrax.AbstractSolver)
-        dt, dt0, steps, save_every = _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive, rtol, atol)
+        dt, dt0, steps, save_every, max_steps = _end_time_grid(
+            t1, saves, dt, steps, save_every, t0, adaptive, rtol, atol, max_steps
+        )
     elif dt is None or steps is None:
         raise TypeError(
             "integrate needs dt= and steps= (the run covers t0 + k·dt, k = 0..steps), or, with a diffrax solver, "
