@@ -4,6 +4,7 @@ Hamiltonian field of a System, step statistics and end times of runs, and named
 quantities in plots and messages."""
 
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -159,3 +160,17 @@ def test_heatmap_colour_bar_and_labels_fit_the_figure():
         assert figure_problems(ax.figure) == [], quantity
     bar = result.heatmap("constraint_error").figure.axes[-1]
     assert bar.get_ylabel() == "log10 max constraint residual\n(red: failed)"
+
+
+@pytest.mark.parametrize("transform", [jax.grad, lambda f: jax.jit(jax.grad(f))], ids=["grad", "jit(grad)"])
+def test_chosen_gains_under_a_gradient_in_a_closed_over_value_are_refused_in_words(transform):
+    """The gains `feedback_field(..., dt=h)` chooses come from numbers computed at x0; with a
+    closed-over value traced they would be traced too: a clear error, not a wrong gradient."""
+
+    def loss(g):
+        system = geomjax.System(lambda x: 0.5 * x[3:] @ x[3:] + g * x[2], geomjax.canonical(3), holonomic=lambda q: q @ q - 1.0)
+        x0 = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+        return geomjax.integrate(geomjax.feedback_field(system, x0, dt=1e-3), x0, dt=1e-3, steps=5).x_final[2]
+
+    with pytest.raises(ValueError, match="which are traced here"):
+        transform(loss)(9.81)

@@ -479,12 +479,20 @@ def _with_chosen_gains(unit, x0, dt, method):
 
     from .._tuning.stability import recommended_field
 
-    if x0 is None or not is_concrete((x0, dt)):
-        raise ValueError(
-            "feedback_field(system, x0, dt=h) chooses the gains from the rates at x0: give x0 (and "
-            "a concrete dt, outside jit), or give gains= yourself"
-        )
-    field, check = recommended_field(unit, x0, dt, method)
+    traced = (
+        "feedback_field(system, x0, dt=h) chooses the gains from numbers it computes at x0 (λ_max(L∇²V), ‖DX‖), "
+        "which are traced here: x0, dt or a value the system's functions close over is a tracer (inside jit, grad "
+        "or vmap). Choose the gains outside the transformation, e.g. K = geomjax.recommended_gains(field, x0, dt, "
+        "method) for a concrete system, and pass gains=K (a gradient then treats K as fixed)"
+    )
+    if x0 is None:
+        raise ValueError("feedback_field(system, x0, dt=h) chooses the gains from the rates at x0: give x0, or gains=")
+    if not is_concrete((x0, dt)):
+        raise ValueError(traced)
+    try:
+        field, check = recommended_field(unit, x0, dt, method)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:  # a traced closed-over value
+        raise ValueError(traced) from err
     k = np.asarray(field.gains)
     shown = (
         f"K = {k.flat[0]:.4g} (all {k.shape[0]} entries of F)"
