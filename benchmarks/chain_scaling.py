@@ -13,8 +13,8 @@ the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in four vers
 - geomjax:    `geomjax.integrate(field or step, x, dt=h, steps=S, method=...)`, everything
               derived by autodiff from H and g; from N = 4 on the fields take the sparse
               path of `geomjax._field.derived` (C's pattern read off the jaxpr, block form
-              [[0, A], [−Aᵀ, D]] with A tridiagonal, two `tridiagonal_solve` calls:
-              plain-JAX Thomas elimination with a growth check);
+              [[0, A], [−Aᵀ, D]] with A tridiagonal, `tridiagonal_solve_pair`: one
+              plain-JAX Thomas factorization with a growth check for both solves);
 - hand dense: the same field / step written by hand in vectorised jnp for the chain, with
               G = Dg in closed form, C = {f_i, f_j} assembled as a dense 2N × 2N matrix by
               matmuls and `jnp.linalg.solve` (RATTLE: 3 Newton iterations, dense solves);
@@ -25,7 +25,12 @@ the script times one `jax.jit`-ed run of `steps` steps (h = 1e−3) in four vers
               plain jnp, written in this file (`thomas_solve`: unrolled for N ≤ 8, two
               `lax.scan` sweeps above; no pivoting, no checks). The reference for the
               targets of issue 25: geomjax's fields ≤ 1.5× and RATTLE ≤ 2× it, compile ≤ 2 s;
-              the summary at the end prints those ratios and the growth exponents.
+              the summary at the end prints those ratios and the growth exponents;
+- hand derived: the floor for any field derived by autodiff (fields only): the same
+              derivation geomjax makes from H and f (jvp/vjp products with fixed colour
+              seeds, `thomas_solve`), written by hand for the chain (`derived_dirac`),
+              without pattern detection or checks, run by `geomjax.integrate`. The summary
+              also times the three field versions interleaved in one process.
 
 The hand versions run in a `lax.scan` over the (q, p) pieces (`_harness.scan_loop`), the
 same loop shape `geomjax.integrate` uses. Reported per case: trace+lower time, XLA compile
@@ -333,6 +338,65 @@ def tri_rattle(q, p, solve=tri_solve):
 
 
 # --------------------------------------------------------------------------------------
+# Hand derived: the floor for a field derived by autodiff. The same derivation geomjax
+# makes, written by hand for this problem and nothing more: ∇H by `jax.grad`, f = (g, ġ)
+# linearized, the columns k..m−1 of C = Df J Dfᵀ from 3 products Df J Dfᵀ s with fixed
+# colour seeds (column k+i in seed i mod 3: A and D are tridiagonal), h = −Df X_H, the
+# multipliers from two `thomas_solve`s (A, then Aᵀ), X = X_H − J Dfᵀc. No closed-form G,
+# no pattern detection, no checks. Run by `geomjax.integrate`, so it differs from the
+# geomjax version only in how the field is derived.
+
+
+def derived_dirac(system, n2):
+    """x ↦ X(x), the Dirac field of `system` (the chain's H and f) derived as above."""
+    ham, f_of = system.hamiltonian, system.constraint_functions
+    k = n2 // 2
+    seeds = np.zeros((3, 2 * k))
+    seeds[np.arange(k) % 3, k + np.arange(k)] = 1.0
+    rows = np.arange(k)
+
+    def sym(g):  # J∇: (∂/∂p, −∂/∂q)
+        return jnp.concatenate([g[n2:], -g[:n2]])
+
+    def diagonal(compressed, offset):  # entries (i, i + offset) of a tridiagonal block
+        j = rows + offset
+        return jnp.where((j >= 0) & (j < k), compressed[j % 3, rows], 0.0)
+
+    def field(z):
+        x_h = sym(jax.grad(ham)(z))
+        _, f_jvp = jax.linearize(f_of, z)
+        f_t = jax.linear_transpose(f_jvp, z)
+        compressed = jax.vmap(lambda e: f_jvp(sym(f_t(e)[0])))(seeds)  # (3, m)
+        top, bottom = compressed[:, :k], compressed[:, k:]
+        a = tuple(diagonal(top, o) for o in (-1, 0, 1))
+        dl_d, d_d, du_d = (diagonal(bottom, o) for o in (-1, 0, 1))
+        h = -f_jvp(x_h)
+        # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ = h₂ + D c₂.
+        c2 = -thomas_solve(a, h[:k])
+        zero = jnp.zeros(1, z.dtype)
+        d_c2 = d_d * c2 + dl_d * jnp.concatenate([zero, c2[:-1]]) + du_d * jnp.concatenate([c2[1:], zero])
+        a_t = (jnp.concatenate([zero, a[2][:-1]]), a[1], jnp.concatenate([a[0][1:], zero]))
+        c1 = thomas_solve(a_t, h[k:] + d_c2)
+        return x_h - sym(f_t(jnp.concatenate([c1, c2]))[0])
+
+    return field
+
+
+def derived_feedback(system, x0):
+    """Y = X − ∇V, V = ½k|(f, H) − (f, H)(x₀)|² (L = I), with X from `derived_dirac`."""
+    ham, f_of = system.hamiltonian, system.constraint_functions
+    dirac = derived_dirac(system, x0.shape[0] // 2)
+    target = jnp.concatenate([f_of(x0), jnp.atleast_1d(ham(x0))])
+
+    def field(z):
+        w = GAIN * (jnp.concatenate([f_of(z), jnp.atleast_1d(ham(z))]) - target)
+        _, f_vjp = jax.vjp(f_of, z)
+        return dirac(z) - (f_vjp(w[:-1])[0] + w[-1] * jax.grad(ham)(z))
+
+    return field
+
+
+# --------------------------------------------------------------------------------------
 # Loops
 
 
@@ -359,7 +423,7 @@ def rk4(field):
 
 
 METHODS = ["dirac euler", "dirac rk4", "feedback euler", "feedback rk4", "rattle"]
-VERSIONS = ["hand dense", "hand tri", "hand thomas", "geomjax"]  # references first, for the ratios
+VERSIONS = ["hand dense", "hand tri", "hand thomas", "hand derived", "geomjax"]  # references first, for the ratios
 
 
 def make_run(method, version, model, steps):
@@ -375,6 +439,11 @@ def make_run(method, version, model, steps):
         else:
             target = geomjax.feedback_field(sys, x0, gains=GAIN)
         return lambda x: geomjax.integrate(target, x, dt=H, steps=steps, method=scheme, save_every=steps).xs[-1]
+    if version == "hand derived":
+        if kind == "rattle":
+            return None  # a step, not a field: no derived floor
+        field = derived_dirac(sys, n2) if kind == "dirac" else derived_feedback(sys, x0)
+        return lambda x: geomjax.integrate(field, x, dt=H, steps=steps, method=scheme, save_every=steps).xs[-1]
     dense = version == "hand dense"
     solve = thomas_solve if version == "hand thomas" else tri_solve
     if kind == "rattle":
@@ -413,11 +482,13 @@ def check(n, tol=1e-10, with_geomjax=True):
         dense = cat(dense_dirac(q, p))
         errs[f"tri dirac {name}"] = _rel(cat(tri_dirac(q, p)), dense)
         errs[f"thomas dirac {name}"] = _rel(cat(tri_dirac(q, p, thomas_solve)), dense)
+        errs[f"derived dirac {name}"] = _rel(derived_dirac(sys, 2 * n)(x), dense)
         if with_geomjax:
             errs[f"geomjax dirac {name}"] = _rel(geomjax.dirac_field(sys)(x), dense)
         fb_dense = cat(dense_feedback(x0)(q, p))
         errs[f"tri feedback {name}"] = _rel(cat(tri_feedback(x0)(q, p)), fb_dense)
         errs[f"thomas feedback {name}"] = _rel(cat(tri_feedback(x0, thomas_solve)(q, p)), fb_dense)
+        errs[f"derived feedback {name}"] = _rel(derived_feedback(sys, x0)(x), fb_dense)
         if with_geomjax:
             errs[f"geomjax feedback {name}"] = _rel(geomjax.feedback_field(sys, x0, gains=GAIN)(x), fb_dense)
     q, p = x0[: 2 * n], x0[2 * n :]
@@ -491,6 +562,38 @@ def single(spec, steps, repeat):
     print("RESULT " + json.dumps(r), flush=True)
 
 
+def print_floors(fields, ns, steps):
+    """The interleaved timings of `interleaved` for each field method and N ≥ 4, as a table."""
+    print()
+    print("fields against the floors, interleaved in one process (best of 9 runs of each, ns/step):")
+    print("closed form = hand thomas (closed-form G, no autodiff); derived = hand derived (the same")
+    print("autodiff derivation as geomjax written by hand, run by geomjax.integrate). A derived field")
+    print("can reach the derived floor, not the closed form (target: geomjax <= 1.5 x closed form):")
+    print(f"{'method':<15}{'N':>3}{'closed form':>13}{'derived':>9}{'geomjax':>9}{'/closed':>9}{'/derived':>9}")
+    for method in fields:
+        for n in [n for n in ns if n >= 4]:
+            interleaved(method, n, steps)
+
+
+def interleaved(method, n, steps, repeat=9):
+    """Print the closed-form hand, derived hand and geomjax fields' ns/step, timed in turn."""
+    model = geomjax.models.planar_chain(n, mass=MASS, length=LENGTH, gravity=GRAVITY)
+    compiled = [
+        jax.jit(make_run(method, v, model, steps)).lower(model.x0).compile()
+        for v in ("hand thomas", "hand derived", "geomjax")
+    ]
+    best = [math.inf] * 3
+    for _ in range(repeat):
+        for i, c in enumerate(compiled):
+            t = time.perf_counter()
+            jax.block_until_ready(c(model.x0))
+            best[i] = min(best[i], time.perf_counter() - t)
+    closed, derived, gj = (b / steps * 1e9 for b in best)
+    print(
+        f"{method:<15}{n:>3}{closed:>13.0f}{derived:>9.0f}{gj:>9.0f}{gj / closed:>9.2f}{gj / derived:>9.2f}", flush=True
+    )
+
+
 def slope(ns, ts, n_min=4):
     pts = [(math.log(n), math.log(t)) for n, t in zip(ns, ts) if n >= n_min and t > 0]
     if len(pts) < 2:
@@ -519,6 +622,9 @@ def main(argv=None):
         help="kill a geomjax case (own process) after this many seconds and skip larger N",
     )
     parser.add_argument("--quick", action="store_true", help="N = 1, 2, 4 and 200 steps")
+    parser.add_argument(
+        "--floors-only", action="store_true", help="only the interleaved closed-form / derived / geomjax field timings"
+    )
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one geomjax case
     args = parser.parse_args(argv)
     if args.single:
@@ -531,6 +637,9 @@ def main(argv=None):
         f"planar chain, h = {H:g}, {args.steps} steps, k = {GAIN:g}; device {jax.devices()[0]}; jax {jax.__version__}"
     )
 
+    if args.floors_only:
+        print_floors([m for m in methods if m != "rattle"], ns, args.steps)
+        return None
     for n in ns:
         errs = check(n, with_geomjax=n <= args.check_links)
         gj = [v for k, v in errs.items() if k.startswith("geomjax")]
@@ -544,7 +653,7 @@ def main(argv=None):
     skipped = {}
     header = (
         f"{'method':<15}{'version':<12}{'N':>3}{'lower s':>9}{'compile s':>10}{'1st run s':>10}"
-        f"{'ns/step':>11}{'/dense':>8}{'/tri':>8}{'/thomas':>8}{'|Δx| vs dense':>15}"
+        f"{'ns/step':>11}{'/dense':>8}{'/tri':>8}{'/thomas':>8}{'/derived':>9}{'|Δx| vs dense':>15}"
     )
     print()
     print(header, flush=True)
@@ -560,6 +669,8 @@ def main(argv=None):
                     continue
                 if version == "geomjax":
                     r = run_isolated(method, n, args)
+                elif make_run(method, version, model, args.steps) is None:
+                    continue
                 else:
                     try:
                         r = time_case(make_run(method, version, model, args.steps), model.x0, args.steps, args.repeat)
@@ -572,11 +683,12 @@ def main(argv=None):
                 res[n] = row[version] = r
                 total = r["lower"] + r["compile"]
                 dense, tri, thomas = row.get("hand dense"), row.get("hand tri"), row.get("hand thomas")
-                ratio = lambda ref: f"{r['ns'] / ref['ns']:>8.2f}" if ref else f"{'':>8}"
+                derived = row.get("hand derived")
+                ratio = lambda ref, w=8: f"{r['ns'] / ref['ns']:>{w}.2f}" if ref else f"{'':>{w}}"
                 dx = float(jnp.max(jnp.abs(r["out"] - dense["out"]))) if dense else float("nan")
                 print(
                     f"{method:<15}{version:<12}{n:>3}{r['lower']:>9.2f}{r['compile']:>10.2f}{r['first']:>10.3f}"
-                    f"{r['ns']:>11.0f}{ratio(dense)}{ratio(tri)}{ratio(thomas)}{dx:>15.1e}",
+                    f"{r['ns']:>11.0f}{ratio(dense)}{ratio(tri)}{ratio(thomas)}{ratio(derived, 9)}{dx:>15.1e}",
                     flush=True,
                 )
                 if total > args.compile_limit:
@@ -609,11 +721,16 @@ def main(argv=None):
             )
         print(f"{method:<15}" + ", ".join(cells))
 
+    if not args.quick:
+        print_floors([m for m in methods if m != "rattle"], ns, args.steps)
+
     print()
     print("growth exponents, least-squares log-log slope over N >= 4 (t ~ N^a):")
     print(f"{'method':<15}{'version':<12}{'a(compile)':>11}{'a(run)':>8}  N measured")
     for (method, version), res in results.items():
         done = sorted(res)
+        if not done:
+            continue
         a_c = slope(done, [res[n]["lower"] + res[n]["compile"] for n in done])
         a_r = slope(done, [res[n]["ns"] for n in done])
         fmt = lambda a: f"{a:>.2f}" if a is not None else "-"
