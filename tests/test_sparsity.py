@@ -7,6 +7,7 @@ import pytest
 
 import geomjax
 from geomjax._field import derived
+from geomjax.internal import simplify
 from geomjax.internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
 from geomjax.models import planar_chain
 
@@ -130,6 +131,28 @@ def test_sparse_path_matches_dense(n, holonomic, rng):
     xdot = dirac(x)
     _, df_x = jax.jvp(system.constraint_functions, (x,), (xdot,))
     assert float(jnp.max(jnp.abs(df_x))) < 1e-11
+
+
+def test_looped_coloured_products_match_the_dense_path(rng, monkeypatch):
+    """Large states take the coloured products one colour at a time (`lax.map`): from
+    N = 24 links on a chain (3 colours × 96 entries), not at N = 16 (3 × 64). Forced here on
+    a 4-link chain: the field under `vmap` and its jvp agree with the dense path."""
+    assert 3 * 64 < derived._LOOPED_PRODUCTS_MIN <= 3 * 96
+    model = planar_chain(4, holonomic=False, mass=1.3, length=0.7, gravity=2.0)
+    plan = lambda: derived.block_tridiagonal_plan(model.system, model.system.structure.split(model.x0), 8)
+    assert not plan().looped
+    monkeypatch.setattr(derived, "_LOOPED_PRODUCTS_MIN", 0)
+    assert plan().looped
+    dirac = geomjax.dirac_field(model.system)
+    xs = model.x0 + 1e-2 * jnp.asarray(rng.normal(size=(2, *model.x0.shape)))
+    tangent = jnp.asarray(rng.normal(size=model.x0.shape))
+    both = lambda ys: (jax.vmap(dirac)(ys), jax.jvp(dirac, (ys[0],), (tangent,))[1])
+    with simplify.enabled(False):  # as for large states: no scalar graph, the loop itself
+        fast = jax.jit(both)(xs)
+        slow = _dense_reference(jax.jit(both), xs)
+        assert "scan" in str(jax.make_jaxpr(dirac)(xs[0]))
+    for a, b in zip(fast, slow):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(b))))
 
 
 def test_long_chain_field_keeps_constraints_and_energy(rng):

@@ -14,7 +14,8 @@ pattern of the structure B it gives the pattern of C = Df B Dfᵀ. When C has th
 [[0, A], [−Aᵀ, D]] (for holonomic f = (g, ġ) on T*Rⁿ, {g_i, g_j} = 0 and A = G ∂²H/∂p² Gᵀ)
 and A is tridiagonal (the chain's links), nothing m × n or m × m is formed: the needed
 columns of C come from a few products Df·B·Dfᵀ·s with coloured seeds s (columns that share
-no row are evaluated together), h = {H, f} from one Jacobian-vector product, the
+no row are evaluated together; side by side under `vmap`, or one colour at a time for large
+states, `_LOOPED_PRODUCTS_MIN`), h = {H, f} from one Jacobian-vector product, the
 multipliers from two tridiagonal solves with A and Aᵀ sharing one factorization
 (`tridiagonal_solve_pair`: Thomas elimination in plain JAX, a pivot with too much growth
 giving a non-finite result), and
@@ -112,6 +113,7 @@ class BlockTridiagonalPlan(eqx.Module):
     seeds: np.ndarray
     a_weights: tuple  # offsets −1, 0, 1
     d_weights: tuple  # (offset, weights) for the offsets of D's band
+    looped: bool = False  # the products one colour at a time (`lax.map`), not under `vmap`
 
 
 def _flat_size(z):
@@ -119,6 +121,19 @@ def _flat_size(z):
 
 
 _D_BANDWIDTH_MAX = 4
+
+# From this many entries of the coloured products' tangents (colours × state size) on,
+# the products run one colour at a time in a `lax.map` instead of side by side under
+# `vmap`. XLA's CPU backend compiles a `while` loop into a single native call only when its
+# body accesses under about 64 kB per iteration (by its cost analysis, which counts a
+# nested loop's body once); the products under `vmap` hold (colours, n) intermediates that
+# put the run loop of a chain over that size from N = 24 links (n = 96, 3 colours), where
+# the run then went 2–5× slower. Looped (planar chain, through `geomjax.integrate`, each
+# variant in its own process, shared 2-core CPU under load): N = 32 Dirac Euler 6355 →
+# 2490 and 6838 → 2149 ns/step, feedback Euler 10843 → 4975, Dirac RK4 31859 → 9952;
+# N = 24 Dirac RK4 13507 → 8959, Euler 1571 → 1741; below that the loop costs 0–17 %
+# (N = 8, 16) and nothing is gained, so it is not taken.
+_LOOPED_PRODUCTS_MIN = 288
 
 
 def block_tridiagonal_plan(system: System, z, m: int):
@@ -153,7 +168,7 @@ def block_tridiagonal_plan(system: System, z, m: int):
     d_weights = tuple(
         (o, diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
     )
-    return BlockTridiagonalPlan(k, seeds, a_weights, d_weights)
+    return BlockTridiagonalPlan(k, seeds, a_weights, d_weights, n_colors * n >= _LOOPED_PRODUCTS_MIN)
 
 
 def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
@@ -166,7 +181,9 @@ def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagon
     # h_i = {H, f_i} = ⟨∇H, B∇f_i⟩ = −⟨∇f_i, B∇H⟩ = −(Df X_H)_i
     h = -f_jvp(x_h)
     k = plan.k
-    compressed = jax.vmap(column)(plan.seeds.astype(values.dtype))  # (colours, m)
+    seeds = plan.seeds.astype(values.dtype)
+    # (colours, m); one colour at a time for large states (`_LOOPED_PRODUCTS_MIN`)
+    compressed = jax.lax.map(column, jnp.asarray(seeds)) if plan.looped else jax.vmap(column)(seeds)
     top, bottom = compressed[:, :k], compressed[:, k:]
     dl, d, du = (pick_diagonal(top, w) for w in plan.a_weights)
     # Cᵀc = h with C = [[0, A], [−Aᵀ, D]], Dᵀ = −D: −A c₂ = h₁, Aᵀc₁ − D c₂ = h₂. Both
