@@ -4,7 +4,8 @@ standard errors, through a holonomic (RATTLE), a contact (Herglotz) and a nonhol
 parameters the data do not determine, and failed runs, reported in words.
 
 Each problem's fit is compiled once (its `make`, `observe` and start function are defined
-at module level, so that every fit of a problem reuses one compiled program).
+at module level, so that every fit of a problem reuses one compiled program); the
+fifty-dataset coverage of `benchmarks/fit_coverage.py` is the extended test at the end.
 """
 
 import math
@@ -279,3 +280,23 @@ def test_bad_input_is_refused():
         jax.jit(lambda d: geomjax.fit(spring, {"a": 1.0, "b": 1.0}, SPRING_STARTS, d, dt=0.1))(np.zeros((2, 10, 1)))
     with pytest.raises(TypeError, match="optax GradientTransformation"):
         geomjax.fit(spring, {"a": 1.0}, SPRING_STARTS, np.zeros((2, 10, 1)), dt=0.1, optimizer="adam")
+
+
+# --------------------------------------------------------------------------------------
+# Extended: the coverage over fifty datasets per problem (benchmarks/fit_coverage.py)
+
+
+@pytest.mark.extended
+def test_coverage_over_fifty_datasets():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "fit_coverage.py"
+    spec = importlib.util.spec_from_file_location("fit_coverage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, problem in module.PROBLEMS.items():
+        report = module.coverage(problem, datasets=50)
+        assert report["failed"] == 0, (name, report)
+        for parameter, fraction in report["coverage"].items():
+            assert fraction >= 0.9, (name, parameter, fraction)
