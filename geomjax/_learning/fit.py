@@ -751,11 +751,14 @@ def fit(
     can be given instead: it takes the gradient 2Jᵀr/N of the loss, and the fit keeps
     the best point it saw. J comes from forward-mode derivatives through the whole run
     (one run with p tangents per iteration; implicit steps differentiate by the
-    implicit function theorem), so both cost the same per iteration. Measured on the
-    spherical pendulum (B = 3, 60 observations, guess 50 % and 25 % off):
-    Levenberg–Marquardt converged in 6 iterations, `optax.adam(0.02)` needed about 500,
-    and `optimistix.LevenbergMarquardt` took 17 with its default tolerances
-    (`benchmarks/fit_coverage.py` runs the fits of the tests).
+    implicit function theorem), so an iteration costs the same either way. Measured on
+    the spherical pendulum of `benchmarks/fit_coverage.py` (RATTLE, 3 runs, 135
+    observations, a guess 50 % and 23 % off): Levenberg–Marquardt converged in 4
+    iterations, `optax.adam(0.05)` in 210–221, and `optimistix.least_squares` with
+    `optimistix.LevenbergMarquardt(rtol=atol=1e-8)` on the same residuals in 6–7, to the
+    same optimum, with a first call (its compilation) of 6.5–9.9 s against 3.6–4.3 s
+    here. So Levenberg–Marquardt is the default, in NumPy on the host (below), and optax
+    is there for users who want a first-order optimiser.
 
     **Convergence.** The fit stops when the Gauss–Newton step from the current point is
     shorter than `tol` standard errors, gᵀ(JᵀJ)⁻¹g ≤ tol²σ̂² with g = Jᵀr (so the answer
@@ -772,10 +775,11 @@ def fit(
     independent noise of equal variance; check it against `benchmarks/fit_coverage.py`
     for your problem's size.
 
-    **Failures are words, not numbers.** A run that fails at the fit (a Newton solve, a
+    **Failures are words, not numbers.** A run that fails at the guess (a Newton solve, a
     NaN, a drift past `drift_tol`) makes the result `integration_failed`, with the run
-    and its cause in `message`; an LM step into a failed run is rejected like a step that
-    raised the loss. If JᵀJ is singular, the result is `unidentifiable`: a parameter on
+    and its cause in `message`; later, a Levenberg–Marquardt step into a failed run is
+    rejected like a step that raised the loss (optax: the fit stops at the best point
+    so far, `not_converged`). If JᵀJ is singular, the result is `unidentifiable`: a parameter on
     which the observations do not depend, or whose variance inflation factor (the
     diagonal of the inverse correlation-scaled JᵀJ) is past 1e8, has standard error
     `inf`, and `message` names the flat direction (m and k entering only as m·k: "flat
@@ -784,9 +788,12 @@ def fit(
     **Arguments:**
 
     - `make`: `params ↦` a field or a step, what `geomjax.integrate` takes (e.g.
-      `lambda p: geomjax.rattle(geomjax.models.spherical_pendulum(g=p["g"]).system)`).
-      Build the system from `params` inside `make`; the model constructors of
-      `geomjax.models` take traced parameters.
+      `lambda p: geomjax.rattle(geomjax.models.spherical_pendulum(g=p["g"], holonomic=True).system)`).
+      Build the system from `params` inside `make`: the parameters arrive as traced
+      values. Most constructors of `geomjax.models` take them (`roller_racer`, and
+      `kepler`'s and `perturbed_kepler`'s μ and e, which compute their start or period
+      on the host, do not: write such a system's functions yourself, as in
+      `geomjax.System`).
     - `guess`: the initial parameters, a pytree of floats (dict, tuple, array leaves).
     - `x0`: the initial states (B, n), or `x0(params) ↦ (B, n)` when they depend on
       the parameters (a pendulum of unknown length starts on the sphere of that
