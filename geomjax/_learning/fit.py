@@ -635,15 +635,16 @@ class FitResult(eqx.Module):
         return out
 
     def _direction(self, d) -> str:
+        """`d` as a combination of the (log) parameters, largest weights first, the first
+        positive (a direction's sign is arbitrary)."""
+        order = [i for i in np.argsort(-np.round(np.abs(d), 3), kind="stable") if abs(d[i]) >= 1e-3]
+        d = d if d[order[0]] > 0 else -d
         terms = []
-        for i in np.argsort(-np.round(np.abs(d), 3), kind="stable"):
-            if abs(d[i]) < 1e-3:
-                continue
+        for k, i in enumerate(order):
             name = f"log {self.names[i]}" if self.positive[i] else self.names[i]
-            sign = "−" if d[i] < 0 else "+"
-            terms.append(f"{sign} {abs(d[i]):.3g}·{name}")
-        text = " ".join(terms)
-        return text[2:] if text.startswith("+ ") else text
+            sign = "" if k == 0 else (" − " if d[i] < 0 else " + ")
+            terms.append(f"{sign}{abs(d[i]):.3g}·{name}")
+        return "".join(terms)
 
     def summary(self) -> str:
         """The fit as a table: each parameter's value ± standard error, then the loss, σ̂
