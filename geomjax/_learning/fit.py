@@ -293,13 +293,13 @@ def _ok(r, codes):
 class _Trace:
     """The optimiser's state, one row per dataset (NumPy arrays)."""
 
-    def __init__(self, theta0, n_data, max_steps):
+    def __init__(self, theta0, n_data, codes, max_steps):
         d, p = theta0.shape
         self.theta = theta0.copy()
         self.trial = theta0.copy()
         self.r = np.zeros((d, n_data))
         self.J = np.zeros((d, n_data, p))
-        self.codes = None
+        self.codes = np.zeros_like(codes)
         self.sq = np.full(d, np.inf)
         self.predicted = np.ones(d)
         self.damping = np.full(d, _INITIAL_DAMPING)
@@ -328,8 +328,7 @@ def _optimise_loop(evaluate, theta0, n_obs, *, optimizer, max_steps, tol, absolu
         r, J, codes = (np.asarray(a) for a in evaluate(t.trial if t is not None else theta0))
         sq = np.sum(r * r, axis=-1)
         if t is None:
-            t = _Trace(theta0, r.shape[-1], max_steps)
-            t.codes = np.zeros_like(codes)
+            t = _Trace(theta0, r.shape[-1], codes, max_steps)
         running = t.running
         ok = _ok(r, codes) & np.isfinite(sq)
         first = np.asarray(k == 0)
@@ -383,6 +382,7 @@ def _optimise_loop(evaluate, theta0, n_obs, *, optimizer, max_steps, tol, absolu
             t.trial = np.where(t.running[:, None], t.trial + np.asarray(updates), t.trial)
         if not np.any(t.running):
             break
+    assert t is not None  # the loop runs at least once (max_steps ≥ 0)
     return t
 
 
