@@ -1,0 +1,1 @@
+"""Learning from data: physical parameters fitted to observed trajectories."""
