@@ -245,7 +245,9 @@ def rollout_loss(
     >>> import jax, geomjax
     >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
     >>> net = geomjax.ConstrainedHamiltonianNetwork(
-    ...     2, data.constraints, width_size=8, depth=1, key=jax.random.key(1))
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> data.chunks(5).shape  # 4 chunks of 5 observations (q, q̇) ∈ R⁴
+    (4, 5, 4)
     >>> float(geomjax.rollout_loss(net, data.chunks(5), data.dt)) > 0
     True
 
@@ -273,18 +275,6 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     the largest rates over them count): for RK4 (order 4) λ_max(∇²V) = ‖DX‖/10, the
     feedback ten times slower than the dynamics, so that it corrects the drift without
     adding its own truncation error. Concrete values only (call it outside `jit`).
-
-    Example:
-
-    ```python
-    >>> import jax, geomjax
-    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
-    >>> net = geomjax.ConstrainedHamiltonianNetwork(
-    ...     2, data.constraints, width_size=8, depth=1, key=jax.random.key(1))
-    >>> geomjax.network_gains(net, data.xs[:, 0], data.dt).shape  # (g, ġ, H)
-    (3,)
-
-    ```
     """
     from .._tuning.stability import recommended_gains
 
@@ -385,15 +375,16 @@ def train(
     `"skipped"` (steps skipped for a non-finite loss or gradient) and `"seconds"` (the
     epoch's wall time); and `"compile_seconds"`, the time to compile the epoch.
 
-    Example (a pendulum from four trajectories):
+    Example (a pendulum from four short trajectories, one RK4 step per chunk):
 
     ```python
-    >>> import jax, geomjax
-    >>> data = geomjax.chain_trajectories(1, 4, steps=20, key=jax.random.key(0))
+    >>> import jax, optax, geomjax
+    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
     >>> net = geomjax.ConstrainedHamiltonianNetwork(
-    ...     2, data.constraints, width_size=8, depth=1, key=jax.random.key(1))
-    >>> trained, history = geomjax.train(net, data, epochs=20, batch_size=8, key=jax.random.key(2))
-    >>> bool(history["loss"][-1] < history["loss"][0])
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> trained, history = geomjax.train(net, data, chunk_length=2, epochs=30, loss="mse",
+    ...                                  optimizer=optax.adam(0.1), key=jax.random.key(2))
+    >>> bool(history["loss"][-1] < history["loss"][0] / 10)
     True
 
     ```
@@ -546,10 +537,10 @@ def rollout_error(
 
     ```python
     >>> import jax, geomjax
-    >>> data = geomjax.chain_trajectories(1, 4, steps=10, key=jax.random.key(0))
+    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
     >>> net = geomjax.ConstrainedHamiltonianNetwork(
-    ...     2, data.constraints, width_size=8, depth=1, key=jax.random.key(1))
-    >>> 0 < geomjax.rollout_error(net, data, steps=10) < 1
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> 0 < geomjax.rollout_error(net, data) < 1
     True
 
     ```
