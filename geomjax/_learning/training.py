@@ -123,10 +123,10 @@ def _maps(model):
     return model.canonical_maps()
 
 
-def _steps(steps) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    return int(steps)
+def _steps(value, name: str = "steps") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def rollout(
@@ -192,7 +192,7 @@ def rollout(
     ```
     """
     steps = _steps(steps)
-    substeps = _steps(substeps)
+    substeps = _steps(substeps, "substeps")
     _check_method(model, method)
     to_canonical, from_canonical = _maps(model)
     xs = _canonical_run(model, to_canonical(jnp.asarray(x0)), steps, dt, method, substeps, gains)
@@ -259,7 +259,7 @@ def rollout_loss(
     chunks = jnp.asarray(chunks)
     if chunks.ndim != 3 or chunks.shape[1] < 2:
         raise ValueError(f"chunks must have shape (B, C, 2n) with C ≥ 2 observations each, got {tuple(chunks.shape)}")
-    return _loss_value(model, chunks, dt, method, _steps(substeps), gains, loss)
+    return _loss_value(model, chunks, dt, method, _steps(substeps, "substeps"), gains, loss)
 
 
 def _loss_value(model, chunks, dt, method, substeps, gains, loss):
@@ -283,9 +283,12 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
     to_canonical, _ = model.canonical_maps()
     canonical_states = jax.vmap(to_canonical)(states)
-    system = model.system()
-    unit = feedback_field(system, canonical_states[0], 1.0, start_tol=None)
-    return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
+    with simplify.enabled(
+        False
+    ):  # as in rollouts (`_canonical_run`): the rates compiled in 70 s with it, 5 s without (two-link chain, width 16)
+        system = model.system()
+        unit = feedback_field(system, canonical_states[0], 1.0, start_tol=None)
+        return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
 
 
 def _as_chunks(data, dt, chunk_length):
@@ -307,7 +310,7 @@ def _as_chunks(data, dt, chunk_length):
 def _cut(xs, length: int):
     """Non-overlapping chunks of `length` observations of each trajectory (B, T, 2n):
     (B·⌊T/length⌋, length, 2n)."""
-    length = _steps(length)
+    length = _steps(length, "chunk_length")
     if length < 2:
         raise ValueError(f"chunk_length must be at least 2 (a start and one predicted state), got {length}")
     b, t, dim = xs.shape
@@ -392,9 +395,9 @@ def train(
     if loss not in _LOSSES:
         raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
     _check_method(model, method)
-    substeps = _steps(substeps)
-    epochs = _steps(epochs)
-    batch_size = _steps(batch_size)
+    substeps = _steps(substeps, "substeps")
+    epochs = _steps(epochs, "epochs")
+    batch_size = _steps(batch_size, "batch_size")
     chunks, dt = _as_chunks(data, dt, chunk_length)
     if chunks.shape[-1] != _state_dim(model):
         raise ValueError(f"the data's states have {chunks.shape[-1]} entries, the model's {_state_dim(model)}")
@@ -409,7 +412,7 @@ def train(
     opt_state = optimizer.init(params)
 
     def step(carry, index):
-        params, opt_state = carry
+        params, opt_state, chunks = carry
         batch = chunks[index]
 
         def objective(p):
@@ -421,11 +424,12 @@ def train(
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = eqx.apply_updates(params, updates)
         keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
-        return (keep(new_params, params), keep(new_state, opt_state)), (value, ~finite)
+        return (keep(new_params, params), keep(new_state, opt_state), chunks), (value, ~finite)
 
     @jax.jit
-    def epoch(params, opt_state, order):
-        (params, opt_state), (values, skipped) = jax.lax.scan(step, (params, opt_state), order)
+    def epoch(params, opt_state, chunks, order):
+        # the chunks are an argument, not a constant folded into the program
+        (params, opt_state, _), (values, skipped) = jax.lax.scan(step, (params, opt_state, chunks), order)
         return params, opt_state, values, skipped
 
     def order_of(k):
@@ -433,14 +437,14 @@ def train(
 
     keys = jax.random.split(key, epochs)
     start = time.perf_counter()
-    compiled = epoch.lower(params, opt_state, order_of(keys[0])).compile()
+    compiled = epoch.lower(params, opt_state, chunks, order_of(keys[0])).compile()
     compile_seconds = time.perf_counter() - start
     history = {"loss": [], "skipped": [], "seconds": []}
     bar = _progress_bar(epochs, progress)
     try:
         for k in keys:
             start = time.perf_counter()
-            params, opt_state, values, skipped = compiled(params, opt_state, order_of(k))
+            params, opt_state, values, skipped = compiled(params, opt_state, chunks, order_of(k))
             values = np.asarray(values)
             history["seconds"].append(time.perf_counter() - start)
             finite = values[np.isfinite(values)]
@@ -558,7 +562,7 @@ def rollout_error(
     steps = xs.shape[1] - 1 if steps is None else min(_steps(steps), xs.shape[1] - 1)
     xs = xs[:, : steps + 1]
     _check_method(model, method)
-    substeps = _steps(substeps)
+    substeps = _steps(substeps, "substeps")
     if method == "feedback" and gains is None:
         gains = network_gains(model, xs[:, 0], dt / substeps)
     predicted = _predicted(model, xs, dt, method, substeps, gains)
