@@ -13,8 +13,9 @@ order, the epoch one compiled `lax.scan` over minibatches, as `train` runs it. T
 are timed in turns (best of the rounds, each round a few epochs), and the compile
 times are printed.
 
-Run: `python benchmarks/learn_speed.py` (about a minute on 2 CPU cores); options:
-`--links`, `--space-dim`, `--width`, `--depth`, `--trajectories`, `--batch`, `--rounds`.
+Run: `python benchmarks/learn_speed.py` (the paper's network size, 3×256; about 7
+minutes on 2 CPU cores); options: `--links`, `--space-dim`, `--width`, `--depth`,
+`--trajectories`, `--batch`, `--rounds`. Results: `benchmarks/learn_speed_results.txt`.
 """
 
 import argparse
@@ -122,9 +123,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--links", type=int, default=2)
     parser.add_argument("--space-dim", type=int, default=2)
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=3)
-    parser.add_argument("--trajectories", type=int, default=64)
+    parser.add_argument("--trajectories", type=int, default=32)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per round")

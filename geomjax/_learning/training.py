@@ -44,10 +44,10 @@ def _check_method(model, method: str) -> None:
         raise TypeError(f"expected a ConstrainedHamiltonianNetwork or a NeuralODE, got {type(model).__name__}")
     elif method == "rattle" and model.hamiltonian_kind != "separable":
         raise ValueError(
-            "method='rattle' needs H = ½pᵀM⁻¹p + V(q): geomjax.rattle's kick–drift step and its "
-            "velocity projection assume a kinetic energy quadratic in p and a potential of q alone, "
-            "and a network with hamiltonian='mlp' learns neither; use method='rk4' (the Dirac field) "
-            "or 'feedback'"
+            "method='rattle' needs H = ½pᵀM⁻¹p + V(q): geomjax.rattle's steps assume a kinetic energy "
+            "quadratic in p (∂H/∂p linear in p; its check refuses any other H), and its explicit kick–drift "
+            "form a mass matrix that does not depend on q; a network with hamiltonian='mlp' learns neither. "
+            "Use method='rk4' (the Dirac field) or 'feedback'"
         )
     if method in ("rattle", "feedback"):
         return
