@@ -132,6 +132,22 @@ from ._analysis.taylor import (
     taylor_coefficients as taylor_coefficients,
 )
 
+# learning constrained dynamics from data
+from ._learning.networks import (
+    ConstrainedHamiltonianNetwork as ConstrainedHamiltonianNetwork,
+    NeuralODE as NeuralODE,
+    parameter_count as parameter_count,
+)
+from ._learning.training import (
+    network_gains as network_gains,
+    relative_error as relative_error,
+    rollout as rollout,
+    rollout_error as rollout_error,
+    rollout_loss as rollout_loss,
+    train as train,
+)
+from ._learning.data import Trajectories as Trajectories, chain_trajectories as chain_trajectories
+
 __version__ = "0.2.0"
 
 

@@ -2,6 +2,7 @@
 
 from ._model import Model as Model
 from ._chain import planar_chain as planar_chain
+from ._spatial_chain import spatial_chain as spatial_chain
 from ._pendulum import planar_pendulum as planar_pendulum, spherical_pendulum as spherical_pendulum
 from ._pendulum_flows import pendulum_flows as pendulum_flows
 from ._nonholonomic import (

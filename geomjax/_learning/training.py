@@ -1,0 +1,576 @@
+"""Rollouts, rollout losses, the training loop and the rollout error of learned dynamics.
+
+A model is trained the way Finzi, Wang and Wilson (2020) train theirs: observed
+trajectories are cut into chunks of a few observations, each chunk is predicted from its
+first state by integrating the model, and the mean absolute error of the prediction is
+minimised with Adam. The integration is geomjax's: RK4 on the Dirac field of the
+network's system (their method), RATTLE, or RK4 on a feedback field, for a neural ODE RK4
+on its field. One training epoch is one compiled program (a `lax.scan` over the
+minibatches, each a `vmap` over chunks).
+"""
+
+import math
+import sys
+import time
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from .._field.base import as_field
+from .._field.dirac import dirac_field
+from .._field.feedback import feedback_field
+from .._status import RESULTS
+from .._step.methods import build_step, method_names
+from .._step.rattle import rattle
+from ..internal import simplify
+from .networks import ConstrainedHamiltonianNetwork, NeuralODE, trainable_filter
+
+_LOSSES = ("mae", "mse")
+
+
+def _check_method(model, method: str) -> None:
+    if isinstance(model, NeuralODE):
+        if method in ("rattle", "feedback"):
+            raise ValueError(
+                f"method={method!r} needs a constrained Hamiltonian network (a system with constraints); "
+                "a NeuralODE is a plain field ẋ = f(x): integrate it with a method name such as 'rk4'"
+            )
+    elif not isinstance(model, ConstrainedHamiltonianNetwork):
+        raise TypeError(f"expected a ConstrainedHamiltonianNetwork or a NeuralODE, got {type(model).__name__}")
+    elif method == "rattle" and model.hamiltonian_kind != "separable":
+        raise ValueError(
+            "method='rattle' needs H = ½pᵀM⁻¹p + V(q): geomjax.rattle's steps assume a kinetic energy "
+            "quadratic in p (∂H/∂p linear in p; its check refuses any other H), and its explicit kick–drift "
+            "form a mass matrix that does not depend on q; a network with hamiltonian='mlp' learns neither. "
+            "Use method='rk4' (the Dirac field) or 'feedback'"
+        )
+    if method in ("rattle", "feedback"):
+        return
+    if not isinstance(method, str) or method not in method_names():
+        raise ValueError(
+            f"method must be 'rattle', 'feedback' or a method name of geomjax.integrate "
+            f"({', '.join(method_names())}), got {method!r}"
+        )
+
+
+def _step(model, x0, method: str, gains):
+    """The geomjax step that advances the model's canonical state; a feedback field's
+    target F₀ is F(x0) of this run's start, as `geomjax.integrate` sets it."""
+    if isinstance(model, NeuralODE):
+        return build_step(method, as_field(model))
+    system = model.system()
+    if method == "rattle":
+        return rattle(system)
+    if method == "feedback":
+        if gains is None:
+            raise ValueError(
+                "method='feedback' needs gains=: choose them with geomjax.network_gains(model, states, dt) "
+                "outside the transformation (train() does this itself)"
+            )
+        field = feedback_field(system, gains=gains)
+        return build_step("rk4", field.at_start(field.split(x0)))
+    return build_step(method, dirac_field(system))
+
+
+def _canonical_run(model, x0, steps: int, dt, method: str, substeps: int, gains):
+    """The canonical states (steps + 1, 2n) of the model's run from the canonical x0.
+
+    geomjax's scalar-graph simplification is off here: it would expand a small network
+    into scalar operations (its weights folded into the graph as traced constants) and,
+    under `jax.grad`, their derivatives with respect to every weight, which compiled 20×
+    slower and ran 10× slower (a pendulum network of width 16)."""
+    with simplify.enabled(False):
+        return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
+
+
+def saved_run(step, x0, steps: int, dt, substeps: int = 1):
+    """`step` (a geomjax step) from the flat `x0`: the states at t = 0, dt, …, steps·dt,
+    taking `substeps` steps of dt/substeps between saves, shape (steps + 1, dim).
+
+    One `lax.scan` on the state's pieces. A step that fails (a non-finite state, a Newton
+    solve that did not converge) makes that save and every later one NaN. Leaner than
+    `geomjax.integrate` (no start check, drift monitoring or failure report): a training
+    step through it compiled and ran about 2× faster."""
+    h = jnp.asarray(dt / substeps, x0.dtype)
+
+    def one(carry, _):
+        z, ok = carry
+        z, status = step.advance(0.0, z, h, None)
+        return (z, ok & (status == RESULTS.successful)), None
+
+    def advance(carry, _):
+        if substeps == 1:
+            carry, _ = one(carry, None)
+        else:
+            carry, _ = jax.lax.scan(one, carry, None, length=substeps)
+        z, ok = carry
+        ok = ok & jnp.isfinite(step.state_sum(z))
+        return (z, ok), (step.merge(z), ok)
+
+    _, (xs, ok) = jax.lax.scan(advance, (step.split(x0), jnp.asarray(True)), None, length=steps)
+    xs = jnp.where(ok[:, None], xs, jnp.nan)
+    return jnp.concatenate([x0[None], xs])
+
+
+def _maps(model):
+    if isinstance(model, NeuralODE):
+        return (lambda x: x), (lambda x: x)
+    return model.canonical_maps()
+
+
+def _steps(value, name: str = "steps") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def rollout(
+    model,
+    x0: Float[ArrayLike, " 2n"],
+    steps: int,
+    dt,
+    method: str = "rk4",
+    *,
+    substeps: int = 1,
+    gains=None,
+) -> Float[Array, "steps+1 2n"]:
+    """The model's prediction of a trajectory from the observed state `x0`: the states at
+    t = 0, dt, …, steps·dt (the first is `x0`).
+
+    For a `ConstrainedHamiltonianNetwork`, x0 is mapped to the canonical state (p = Mv
+    for observed velocities), the network's system (`model.system()`) is integrated by
+    geomjax, and the states are mapped back (v = M⁻¹p):
+
+    - `"rk4"` (or another method name of `geomjax.integrate`): that method on the Dirac
+      field X = X_H − Σ(C⁻¹)_ij{H, f_i}X_{f_j} (`geomjax.dirac_field`), the dynamics with
+      Lagrange multipliers that Finzi, Wang and Wilson (2020) integrate by RK4. The field
+      keeps g and Dg·∂H/∂p constant, but RK4 does not: a rollout drifts off the
+      constraint set by the method's truncation error;
+    - `"rattle"`: `geomjax.rattle` (symplectic, order 2): g(q) = 0 and the hidden
+      constraint hold to round-off at every step, whatever the network has learned
+      (separable H only);
+    - `"feedback"`: RK4 on the feedback field Y = X − ∇V, V = ½(F − F₀)ᵀK(F − F₀),
+      F = (g, Dg·∂H/∂p, H) (`geomjax.feedback_field`), which pulls the run back to the
+      constraint set and the learned energy level of x0; `gains` K are required (see
+      `network_gains`).
+
+    For a `NeuralODE`, `method` on ẋ = f_θ(x). Pure JAX: `jax.vmap` over x0 runs a batch,
+    `jax.grad` differentiates with respect to the model (pass it through
+    `equinox.filter_grad`), `jax.jit` compiles. A run that fails (a non-finite state, a
+    RATTLE step whose Newton solve did not converge) is frozen at its last good state
+    and its later states are NaN, as in `geomjax.integrate`.
+
+    **Arguments:**
+
+    - `model`: a `ConstrainedHamiltonianNetwork` or a `NeuralODE`.
+    - `x0`: the observed initial state, shape `(2n,)`.
+    - `steps`, `dt`: the number of observation intervals and their length.
+    - `method`: `"rk4"`, `"rattle"`, `"feedback"` or another method name.
+    - `substeps`: integration steps per observation interval (step dt/substeps).
+    - `gains`: the feedback gains for `method="feedback"`.
+
+    **Returns:** the observed states, shape `(steps + 1, 2n)`.
+
+    Example (an untrained network on pendulum data: RATTLE keeps the circle, RK4 drifts):
+
+    ```python
+    >>> import jax, jax.numpy as jnp, geomjax
+    >>> pendulum = geomjax.models.planar_pendulum(holonomic=True)
+    >>> net = geomjax.ConstrainedHamiltonianNetwork(
+    ...     2, pendulum.system.holonomic, width_size=8, depth=1, key=jax.random.key(0))
+    >>> circle = lambda xs: float(jnp.abs(jax.vmap(pendulum.system.holonomic)(xs[:, :2])).max())
+    >>> circle(geomjax.rollout(net, pendulum.x0, 50, 0.1, "rattle")) < 1e-12
+    True
+    >>> circle(geomjax.rollout(net, pendulum.x0, 50, 0.1, "rk4")) > 1e-9
+    True
+
+    ```
+    """
+    steps = _steps(steps)
+    substeps = _steps(substeps, "substeps")
+    _check_method(model, method)
+    to_canonical, from_canonical = _maps(model)
+    xs = _canonical_run(model, to_canonical(jnp.asarray(x0)), steps, dt, method, substeps, gains)
+    return jax.vmap(from_canonical)(xs)
+
+
+def _predict_chunks(model, chunks, dt, method, substeps, gains):
+    """The predictions of every chunk (B, C, 2n) from its first state, with the model's
+    maps and system built once for the batch."""
+    to_canonical, from_canonical = _maps(model)
+    steps = chunks.shape[1] - 1
+
+    def one(chunk):
+        xs = _canonical_run(model, to_canonical(chunk[0]), steps, dt, method, substeps, gains)
+        return jax.vmap(from_canonical)(xs)
+
+    return jax.vmap(one)(chunks)
+
+
+def rollout_loss(
+    model,
+    chunks: Float[ArrayLike, "batch chunk 2n"],
+    dt,
+    method: str = "rk4",
+    *,
+    substeps: int = 1,
+    gains=None,
+    loss: str = "mae",
+) -> Float[Array, ""]:
+    """The multi-step rollout loss of a batch of trajectory chunks.
+
+    Each chunk (x_0, …, x_{C−1}) of observations dt apart is predicted from its first
+    state by `rollout` (x̂_0 = x_0), and
+
+    ℓ = mean over chunks, times and entries of |x̂_t − x_t|   (`loss="mae"`, Finzi, Wang
+    and Wilson's (2020) loss), or of (x̂_t − x_t)² (`"mse"`).
+
+    Differentiable with respect to the model (e.g. `equinox.filter_value_and_grad`);
+    the chunks are batched with `jax.vmap`.
+
+    **Arguments:**
+
+    - `model`, `dt`, `method`, `substeps`, `gains`: as for `rollout`.
+    - `chunks`: the observed chunks, shape `(B, C, 2n)` (`Trajectories.chunks`).
+    - `loss`: `"mae"` or `"mse"`.
+
+    Example:
+
+    ```python
+    >>> import jax, geomjax
+    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
+    >>> net = geomjax.ConstrainedHamiltonianNetwork(
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> data.chunks(5).shape  # 4 chunks of 5 observations (q, q̇) ∈ R⁴
+    (4, 5, 4)
+    >>> float(geomjax.rollout_loss(net, data.chunks(5), data.dt)) > 0
+    True
+
+    ```
+    """
+    if loss not in _LOSSES:
+        raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
+    _check_method(model, method)
+    chunks = jnp.asarray(chunks)
+    if chunks.ndim != 3 or chunks.shape[1] < 2:
+        raise ValueError(f"chunks must have shape (B, C, 2n) with C ≥ 2 observations each, got {tuple(chunks.shape)}")
+    return _loss_value(model, chunks, dt, method, _steps(substeps, "substeps"), gains, loss)
+
+
+def _loss_value(model, chunks, dt, method, substeps, gains, loss):
+    error = _predict_chunks(model, chunks, dt, method, substeps, gains) - chunks
+    return jnp.mean(jnp.abs(error)) if loss == "mae" else jnp.mean(error * error)
+
+
+def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: str = "rk4") -> np.ndarray:
+    """Feedback gains K for rollouts of `model` with step `dt`, chosen the geomjax way.
+
+    The gains of `geomjax.recommended_gains` for the feedback field of `model.system()`
+    with unit gains, at the canonical forms of the observed `states` (a batch (B, 2n);
+    the largest rates over them count): for RK4 (order 4) λ_max(∇²V) = ‖DX‖/10, the
+    feedback ten times slower than the dynamics, so that it corrects the drift without
+    adding its own truncation error. Concrete values only (call it outside `jit`).
+    """
+    from .._tuning.stability import recommended_gains
+
+    if not isinstance(model, ConstrainedHamiltonianNetwork):
+        raise TypeError(f"network_gains needs a ConstrainedHamiltonianNetwork, got {type(model).__name__}")
+    states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
+    to_canonical, _ = model.canonical_maps()
+    canonical_states = jax.vmap(to_canonical)(states)
+    with simplify.enabled(
+        False
+    ):  # as in rollouts (`_canonical_run`): the rates compiled in 70 s with it, 5 s without (two-link chain, width 16)
+        system = model.system()
+        unit = feedback_field(system, canonical_states[0], 1.0, start_tol=None)
+        return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
+
+
+def _as_chunks(data, dt, chunk_length):
+    from .data import Trajectories
+
+    if isinstance(data, Trajectories):
+        dt = data.dt if dt is None else dt
+        return data.chunks(chunk_length), dt
+    xs = jnp.asarray(data, jnp.float64)
+    if dt is None:
+        raise TypeError("train needs dt= (the observation interval) when the data are an array of trajectories")
+    if xs.ndim != 3:
+        raise ValueError(
+            f"data must be Trajectories or an array of trajectories (B, T, 2n), got shape {tuple(xs.shape)}"
+        )
+    return _cut(xs, chunk_length), dt
+
+
+def _cut(xs, length: int):
+    """Non-overlapping chunks of `length` observations of each trajectory (B, T, 2n):
+    (B·⌊T/length⌋, length, 2n)."""
+    length = _steps(length, "chunk_length")
+    if length < 2:
+        raise ValueError(f"chunk_length must be at least 2 (a start and one predicted state), got {length}")
+    b, t, dim = xs.shape
+    per = t // length
+    if per == 0:
+        raise ValueError(f"trajectories of {t} observations are shorter than chunk_length={length}")
+    return xs[:, : per * length].reshape(b * per, length, dim)
+
+
+def default_optimizer(updates: int, learning_rate: float = 3e-3, weight_decay: float = 1e-4):
+    """Finzi, Wang and Wilson's (2020) optimizer: AdamW (learning rate 3·10⁻³, weight decay
+    10⁻⁴) with the learning rate annealed to 0 on a cosine over `updates` steps."""
+    schedule = optax.cosine_decay_schedule(learning_rate, max(int(updates), 1))
+    return optax.adamw(schedule, weight_decay=weight_decay)
+
+
+def train(
+    model,
+    data,
+    *,
+    dt=None,
+    chunk_length: int = 5,
+    method: str = "rk4",
+    substeps: int = 1,
+    gains=None,
+    optimizer: optax.GradientTransformation | None = None,
+    epochs: int = 100,
+    batch_size: int = 200,
+    loss: str = "mae",
+    key: PRNGKeyArray,
+    progress: bool | str = False,
+):
+    """Train a model on observed trajectories by minimising the rollout loss with optax.
+
+    The trajectories are cut into non-overlapping chunks of `chunk_length` observations
+    (Finzi, Wang and Wilson (2020) use 5); each epoch visits them in a new random order
+    in minibatches of `batch_size` (the last, incomplete one dropped, so that every
+    minibatch has one shape), and each minibatch is one optimizer step on `rollout_loss`.
+    The whole epoch is one compiled program, compiled once per call: a `lax.scan` over
+    the minibatches of `jax.value_and_grad` of the loss, each loss a `jax.vmap` of the
+    chunks' rollouts. A step whose loss or gradient is not finite (a rollout that blew
+    up) is skipped and counted. Only the trainable leaves change (`parameter_count`
+    says which).
+
+    **Arguments:**
+
+    - `model`: a `ConstrainedHamiltonianNetwork` or a `NeuralODE`.
+    - `data`: `geomjax.Trajectories`, or an array of observed trajectories `(B, T, 2n)`
+      with `dt=`.
+    - `dt`: the observation interval (default: the `Trajectories`' own).
+    - `chunk_length`: observations per chunk (the loss predicts chunk_length − 1 steps).
+    - `method`, `substeps`: as for `rollout` (`"rk4"`, `"rattle"`, `"feedback"`).
+    - `gains`: feedback gains for `method="feedback"`; default: `network_gains` of the
+      initial network at the chunks' first states (up to 64 of them), kept fixed.
+    - `optimizer`: an optax transformation (default `default_optimizer`: AdamW 3·10⁻³,
+      weight decay 10⁻⁴, cosine-annealed over the run).
+    - `epochs`, `batch_size`: the number of passes over the chunks and chunks per step
+      (at most the number of chunks).
+    - `loss`: `"mae"` (default) or `"mse"`.
+    - `key`: a `jax.random` key for the order of the chunks.
+    - `progress`: show a progress bar over epochs with the loss (a string labels it).
+
+    **Returns:** `(trained model, history)`, history a dict of numpy arrays with one
+    entry per epoch: `"loss"` (the mean minibatch loss, before each step's update),
+    `"skipped"` (steps skipped for a non-finite loss or gradient) and `"seconds"` (the
+    epoch's wall time); and `"compile_seconds"`, the time to compile the epoch.
+
+    Example (a pendulum from four short trajectories, one RK4 step per chunk):
+
+    ```python
+    >>> import jax, optax, geomjax
+    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
+    >>> net = geomjax.ConstrainedHamiltonianNetwork(
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> trained, history = geomjax.train(net, data, chunk_length=2, epochs=30, loss="mse",
+    ...                                  optimizer=optax.adam(0.1), key=jax.random.key(2))
+    >>> bool(history["loss"][-1] < history["loss"][0] / 10)
+    True
+
+    ```
+    """
+    if loss not in _LOSSES:
+        raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
+    _check_method(model, method)
+    substeps = _steps(substeps, "substeps")
+    epochs = _steps(epochs, "epochs")
+    batch_size = _steps(batch_size, "batch_size")
+    chunks, dt = _as_chunks(data, dt, chunk_length)
+    if chunks.shape[-1] != _state_dim(model):
+        raise ValueError(f"the data's states have {chunks.shape[-1]} entries, the model's {_state_dim(model)}")
+    count = chunks.shape[0]
+    batch_size = min(batch_size, count)
+    batches = count // batch_size
+    if method == "feedback" and gains is None:
+        gains = network_gains(model, chunks[: min(count, 64), 0], dt / substeps)
+    if optimizer is None:
+        optimizer = default_optimizer(epochs * batches)
+    params, static = eqx.partition(model, trainable_filter(model))
+    opt_state = optimizer.init(params)
+
+    def step(carry, index):
+        params, opt_state, chunks = carry
+        batch = chunks[index]
+
+        def objective(p):
+            return _loss_value(eqx.combine(p, static), batch, dt, method, substeps, gains, loss)
+
+        value, grads = jax.value_and_grad(objective)(params)
+        finite = jnp.isfinite(value) & _all_finite(grads)
+        grads = jax.tree_util.tree_map(lambda g: jnp.where(finite, g, 0.0), grads)
+        updates, new_state = optimizer.update(grads, opt_state, params)
+        new_params = eqx.apply_updates(params, updates)
+        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+        return (keep(new_params, params), keep(new_state, opt_state), chunks), (value, ~finite)
+
+    @jax.jit
+    def epoch(params, opt_state, chunks, order):
+        # the chunks are an argument, not a constant folded into the program
+        (params, opt_state, _), (values, skipped) = jax.lax.scan(step, (params, opt_state, chunks), order)
+        return params, opt_state, values, skipped
+
+    def order_of(k):
+        return jax.random.permutation(k, count)[: batches * batch_size].reshape(batches, batch_size)
+
+    keys = jax.random.split(key, epochs)
+    start = time.perf_counter()
+    compiled = epoch.lower(params, opt_state, chunks, order_of(keys[0])).compile()
+    compile_seconds = time.perf_counter() - start
+    history = {"loss": [], "skipped": [], "seconds": []}
+    bar = _progress_bar(epochs, progress)
+    try:
+        for k in keys:
+            start = time.perf_counter()
+            params, opt_state, values, skipped = compiled(params, opt_state, chunks, order_of(k))
+            values = np.asarray(values)
+            history["seconds"].append(time.perf_counter() - start)
+            finite = values[np.isfinite(values)]
+            history["loss"].append(float(finite.mean()) if finite.size else math.nan)
+            history["skipped"].append(int(np.sum(np.asarray(skipped))))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{history['loss'][-1]:.4g}")
+    finally:
+        if bar is not None:
+            bar.close()
+    history = {name: np.asarray(values) for name, values in history.items()}
+    history["compile_seconds"] = compile_seconds
+    if history["skipped"].sum():
+        warnings.warn(
+            f"train skipped {int(history['skipped'].sum())} of {epochs * batches} steps whose loss or gradient "
+            "was not finite (a rollout that blew up): lower the learning rate or dt/substeps",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return eqx.combine(params, static), history
+
+
+def _state_dim(model) -> int:
+    return model.dim if isinstance(model, NeuralODE) else 2 * model.n
+
+
+def _all_finite(tree):
+    leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _progress_bar(total: int, progress):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = progress if isinstance(progress, str) else "training"
+    return tqdm(total=total, desc=desc, unit="epoch", leave=True, file=sys.stderr)
+
+
+def relative_error(predicted: Float[ArrayLike, "... d"], true: Float[ArrayLike, "... d"]) -> Float[Array, "..."]:
+    """‖x̂ − x‖ / ‖x̂ + x‖ along the last axis: the relative state error of Finzi, Wang and
+    Wilson (2020), as their evaluation computes it (the denominator is the norm of the
+    sum, which lies between |‖x̂‖ − ‖x‖| and ‖x̂‖ + ‖x‖).
+
+    Example:
+
+    ```python
+    >>> import jax.numpy as jnp, geomjax
+    >>> float(geomjax.relative_error(jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])))
+    1.0
+
+    ```
+    """
+    predicted, true = jnp.asarray(predicted), jnp.asarray(true)
+    return jnp.linalg.norm(predicted - true, axis=-1) / jnp.linalg.norm(predicted + true, axis=-1)
+
+
+def rollout_error(
+    model,
+    data,
+    *,
+    dt=None,
+    steps: int | None = None,
+    method: str = "rk4",
+    substeps: int = 1,
+    gains=None,
+    errors: bool = False,
+):
+    """The geometric mean over a rollout of the relative state error, the accuracy
+    measure of Finzi, Wang and Wilson (2020).
+
+    Each observed trajectory (x_0, …, x_T) is predicted from x_0 by `rollout`, and
+
+    error = exp( mean over trajectories and t = 1 … T of log(‖x̂_t − x_t‖ / ‖x̂_t + x_t‖) ),
+
+    the error at t = 0 (zero) left out, as their evaluation does; they roll out 100
+    observation steps (3 time units at dt = 0.03). The states are the observed ones,
+    positions and velocities.
+
+    **Arguments:**
+
+    - `model`: a `ConstrainedHamiltonianNetwork` or a `NeuralODE`.
+    - `data`: `geomjax.Trajectories` or an array of trajectories `(B, T + 1, 2n)` with `dt=`.
+    - `steps`: compare the first `steps` steps only (default: all).
+    - `method`, `substeps`, `gains`: the rollouts' integration, as for `rollout`
+      (feedback gains default to `network_gains` at the trajectories' starts).
+    - `errors`: also return the relative errors themselves, `(B, steps + 1)`.
+
+    **Returns:** the geometric mean (a float), or `(mean, errors)` with `errors=True`.
+
+    Example:
+
+    ```python
+    >>> import jax, geomjax
+    >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
+    >>> net = geomjax.ConstrainedHamiltonianNetwork(
+    ...     2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    >>> 0 < geomjax.rollout_error(net, data) < 1
+    True
+
+    ```
+    """
+    from .data import Trajectories
+
+    if isinstance(data, Trajectories):
+        xs, dt = data.xs, (data.dt if dt is None else dt)
+    else:
+        xs = jnp.asarray(data, jnp.float64)
+        if dt is None:
+            raise TypeError("rollout_error needs dt= when the data are an array of trajectories")
+    if xs.ndim != 3 or xs.shape[1] < 2:
+        raise ValueError(f"trajectories must have shape (B, T + 1, 2n) with T ≥ 1, got {tuple(xs.shape)}")
+    steps = xs.shape[1] - 1 if steps is None else min(_steps(steps), xs.shape[1] - 1)
+    xs = xs[:, : steps + 1]
+    _check_method(model, method)
+    substeps = _steps(substeps, "substeps")
+    if method == "feedback" and gains is None:
+        gains = network_gains(model, xs[:, 0], dt / substeps)
+    predicted = _predicted(model, xs, dt, method, substeps, gains)
+    rel = np.asarray(relative_error(predicted, xs))
+    mean = float(np.exp(np.mean(np.log(rel[:, 1:]))))
+    return (mean, rel) if errors else mean
+
+
+@eqx.filter_jit
+def _predicted(model, xs, dt, method, substeps, gains):
+    return _predict_chunks(model, xs, dt, method, substeps, gains)
