@@ -142,6 +142,9 @@ def test_pair_derivatives_and_vmap_agree_with_the_dense_solves(k, rng):
     cots = (jnp.asarray(rng.normal(size=k)), jnp.asarray(rng.normal(size=k)))
     for a, b in zip(jax.vjp(_pair, *args)[1](cots), jax.vjp(_pair_dense, *args)[1](cots)):
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+    # jacfwd: jvps under vmap (the primal must not come out batched over the tangents)
+    for a, b in zip(jax.jacfwd(_pair, argnums=1)(*args), jax.jacfwd(_pair_dense, argnums=1)(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
     ds = args[1] + 0.1 * jnp.asarray(rng.normal(size=(4, k)))
     axes = (None, 0, None, None, None)
     for a, b in zip(jax.jit(jax.vmap(_pair, in_axes=axes))(args[0], ds, *args[2:]), jax.vmap(_pair_dense, in_axes=axes)(args[0], ds, *args[2:])):

@@ -156,6 +156,17 @@ def _thomas_factor_forward(dl, d, du, b):
     return out
 
 
+def _thomas_forward(mults, b):
+    """L y = b (L unit lower, sub-diagonal lᵢ): yᵢ = bᵢ − lᵢ yᵢ₋₁, `lax.scan`."""
+
+    def row(y_prev, xs):
+        mult_i, b_i = xs
+        y = b_i - mult_i * y_prev
+        return y, y
+
+    return lax.scan(row, jnp.zeros_like(b[0]), (mults, b))[1]
+
+
 def _thomas_back(du, r, y):
     """U x = y, reverse `lax.scan`: xᵢ = (yᵢ − duᵢ xᵢ₊₁) rᵢ, x_k = 0."""
 
@@ -297,11 +308,13 @@ def tridiagonal_solve_pair(dl, d, du, b, second_rhs):
     Tᵀ = UᵀLᵀ with T's own factors (the growth check of a row of T is the check of the same
     row of Tᵀ: Thomas elimination of Tᵀ has the same pivots, and |L||U| and |Uᵀ||Lᵀ| are
     transposes of each other, so the backward-error bound of `tridiagonal_solve` holds
-    for both solves). Four `lax.scan`s: factorization with the forward elimination of b,
-    back substitution, then forward with Uᵀ and back with Lᵀ; the pivots enter as
-    reciprocals computed in the first, so the three others hold no division. Each solve
-    is a `lax.custom_linear_solve` (jvp and vjp solve with T and Tᵀ); the first returns
-    the factors as auxiliary outputs for the second.
+    for both solves). Five `lax.scan`s: the factorization, forward (L) and back (U)
+    substitution, then forward with Uᵀ and back with Lᵀ; the pivots enter as reciprocals
+    computed in the first, so the others hold no division. Each solve is a
+    `lax.custom_linear_solve` (jvp and vjp solve with T and Tᵀ) closing over the factors.
+    (Until the factors were moved out of the first solve, the factorization and the
+    forward substitution of b shared one scan: four scans, but `jax.jacfwd` of a field
+    using it failed, see the code.)
 
     Measured inside the planar chain's derived Dirac field (explicit Euler in the hand
     loop of benchmarks/chain_scaling.py, N = k links, shared 2-core CPU), against the two
@@ -330,22 +343,21 @@ def tridiagonal_solve_pair(dl, d, du, b, second_rhs):
         x = tridiagonal_solve(dl, d, du, b)
         return x, tridiagonal_solve(_shift(du, -1), d, _shift(dl, 1), second_rhs(x))
 
-    def solve(_, rhs):
-        r, mults, y = _thomas_factor_forward(dl, d, du, rhs)
-        return _thomas_back(du, r, y), (r, mults)
+    # The factors are computed once, outside both solves, which close over them (not
+    # passed out of the first as `has_aux` outputs: JAX's jvp of `custom_linear_solve`
+    # returns those from the tangent solve, so under `jax.jacfwd` the primal came out
+    # batched over the tangents and the call failed).
+    r, mults, _ = _thomas_factor_forward(dl, d, du, jnp.zeros_like(b))
 
-    def transpose_solve(_, rhs):
-        r, mults, _ = _thomas_factor_forward(dl, d, du, jnp.zeros_like(rhs))
-        return _thomas_solve_transposed_looped(dl, d, du, rhs, (r, mults)), (r, mults)
+    def solve(_, rhs):  # T x = rhs: L y = rhs, U x = y
+        return _thomas_back(du, r, _thomas_forward(mults, rhs))
 
-    x, factors = lax.custom_linear_solve(
-        lambda v: _tridiagonal_matvec(dl, d, du, v), b, solve, transpose_solve, has_aux=True
-    )
+    def transpose_solve(_, rhs):  # Tᵀ x = rhs: Uᵀ z = rhs, Lᵀ x = z
+        return _thomas_back_transposed(mults, _thomas_forward_transposed(du, r, rhs))
+
+    x = lax.custom_linear_solve(lambda v: _tridiagonal_matvec(dl, d, du, v), b, solve, transpose_solve)
     # Tᵀ has sub-diagonal T[i−1, i] = du[i−1] and super-diagonal T[i+1, i] = dl[i+1].
     w = lax.custom_linear_solve(
-        lambda v: _tridiagonal_matvec(_shift(du, -1), d, _shift(dl, 1), v),
-        second_rhs(x),
-        lambda _, rhs: _thomas_solve_transposed_looped(dl, d, du, rhs, factors),
-        lambda _, rhs: _thomas_solve_looped(dl, d, du, rhs),
+        lambda v: _tridiagonal_matvec(_shift(du, -1), d, _shift(dl, 1), v), second_rhs(x), transpose_solve, solve
     )
     return x, w
