@@ -45,6 +45,7 @@ _MODULES = (
     "ziegler",
     "feedback_paper",
     "gain_tuning",
+    "learn_chain",
 )
 
 

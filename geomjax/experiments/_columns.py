@@ -76,6 +76,21 @@ LEGENDS: dict[str, str] = {
     "inv/base": "invariant error over the baseline method's (RATTLE or Störmer–Verlet) at equal force evaluations",
     "traj/base": "trajectory error over the baseline method's at equal force evaluations",
     "K": "the gains used",
+    # learning chain pendulums
+    "model": "the learned model and the method it is trained and rolled out with",
+    "train trajectories": "number of observed trajectories the model is trained on (cut into chunks of 5 observations)",
+    "rollout error": (
+        "geometric mean over the held-out trajectories and observation steps of the relative state error "
+        "‖x̂ − x‖/‖x̂ + x‖ of the model's rollout (Finzi, Wang and Wilson's measure)"
+    ),
+    "ratio to neural ODE": "rollout error / the neural ODE's at the same training-set size (below 1: better)",
+    "long max |phi|": "largest constraint violation |g(q)| over the long rollouts from the held-out starts",
+    "long max |dH_theta|": (
+        "largest change of the model's own learned energy |H_θ(x_t) − H_θ(x_0)| over the long rollouts "
+        "(nan for the neural ODE, which has no energy)"
+    ),
+    "final loss": "mean training loss (mean absolute error of the chunk rollouts) of the last epoch",
+    "train [s]": "wall time of the training, compilation included",
 }
 
 PATTERNS: tuple[tuple[re.Pattern, str], ...] = (

@@ -1,0 +1,243 @@
+"""Finzi, Wang and Wilson (2020), learning chain pendulums: constrained Hamiltonian networks
+(CHNN) against a neural ODE, and what RATTLE adds on long rollouts.
+
+Data (`geomjax.chain_trajectories`): geomjax's own chains of equal unit masses and rods
+(g = 9.81), from random starts on the constraint set, integrated by RK4 on the Dirac field
+at 30 substeps per observation (h = 10⁻³: the observations are good to about 10⁻⁹ for
+two links) and observed as (q, q̇) every dt = 0.03 for `steps` intervals.
+
+Protocol (theirs): the first `max(sizes)` trajectories are the training pool, the others
+are held out; for each training-set size in `sizes` the first that many trajectories are cut
+into chunks of 5 observations and a model is trained on them (`geomjax.train`: AdamW
+3·10⁻³ with a cosine schedule, mean absolute error of the chunk rollouts). Models, all of
+about the same number of parameters (`NeuralODE.sized_like`):
+
+- the neural ODE ẋ = f_θ(x), trained and rolled out by RK4;
+- the CHNN (H = ½pᵀM⁻¹p + V_θ(q), the chain's known constraints g) trained through RK4
+  on its Dirac field (their method), rolled out the same way;
+- the CHNN trained through RATTLE (`geomjax.rattle`), rolled out by RATTLE.
+
+Measured: their rollout error, the geometric mean over the held-out trajectories and the
+`steps` observation steps of ‖x̂ − x‖/‖x̂ + x‖ (`geomjax.rollout_error`), and its ratio to
+the neural ODE's at the same size (figure 1: error vs the number of training trajectories).
+
+Long rollouts: every model, at every size, is rolled out from the held-out starts for
+`long_steps` observation steps (100× or more the horizon of a training chunk) by the method
+it was trained with; the table gives the largest constraint violation max|g(q)| and the
+largest change of the model's own learned energy |H_θ(x_t) − H_θ(x_0)| over them (the
+neural ODE has no energy). Figure 2 takes the CHNN trained through RK4 at the largest size
+and rolls it out both by RK4 on its Dirac field and by RATTLE: the constraint violation
+and the learned energy error over time (the largest over the held-out starts).
+"""
+
+import pathlib
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import geomjax
+
+from . import register
+from ._common import _figure, _marked, _positive, _save, _title
+
+NAME = "learn-chain-pendulum"
+
+CHUNK = 5  # observations per training chunk (theirs)
+MODELS = ("neural ODE", "CHNN (RK4)", "CHNN (RATTLE)")
+STYLES = {
+    "neural ODE": {"color": "tab:gray"},
+    "CHNN (RK4)": {"color": "tab:blue"},
+    "CHNN (RATTLE)": {"color": "tab:red"},
+    "rolled out by RK4": {"color": "tab:blue"},
+    "rolled out by RATTLE": {"color": "tab:red"},
+}
+# (links, space dimension) of the chains of the default run
+DEFAULT_CHAINS = ((2, 2), (3, 2), (2, 3))
+
+
+def _chain_name(links, space_dim):
+    return f"{links}-link {'planar' if space_dim == 2 else 'spatial'} chain"
+
+
+@eqx.filter_jit
+def _long_rollouts(model, starts, steps, dt, method):
+    return jax.vmap(lambda x0: geomjax.rollout(model, x0, steps, dt, method))(starts)
+
+
+def _violation(constraints, xs, n):
+    """max over the held-out starts of |g(q_t)| at every saved step, shape (steps + 1,)."""
+    g = jax.vmap(jax.vmap(constraints))(xs[..., :n])
+    return np.asarray(jnp.max(jnp.abs(g).reshape(g.shape[0], g.shape[1], -1), axis=(0, 2)))
+
+
+def _energy_error(model, xs):
+    """max over the starts of |H_θ(x_t) − H_θ(x_0)| of the network's own energy, (steps + 1,)."""
+    h = jax.vmap(jax.vmap(lambda x: model.hamiltonian(model.to_canonical(x))))(xs)
+    return np.asarray(jnp.max(jnp.abs(h - h[:, :1]), axis=0))
+
+
+def _worst(a):
+    a = np.asarray(a, dtype=float)
+    return float("inf") if not np.all(np.isfinite(a)) else float(np.max(a))
+
+
+def _one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
+    sizes = tuple(sorted(int(s) for s in sizes))
+    start = time.perf_counter()
+    data = geomjax.chain_trajectories(links, max(sizes) + test, steps=steps, space_dim=space_dim,
+                                      key=jax.random.key(seed))
+    pool, held_out = data.split(max(sizes))
+    data_s = time.perf_counter() - start
+    n = data.n
+    net0 = geomjax.ConstrainedHamiltonianNetwork(n, data.constraints, space_dim=space_dim, width_size=width,
+                                                 depth=depth, key=jax.random.key(seed + 1))
+    node0 = geomjax.NeuralODE.sized_like(net0, key=jax.random.key(seed + 1))
+    chain = _chain_name(links, space_dim)
+    errors = {m: [] for m in MODELS}
+    rows, trained_rk4 = [], None
+    for size in sizes:
+        train_set, _ = pool.split(size)
+        found = {}
+        for name in MODELS:
+            model, method = (node0, "rk4") if name == "neural ODE" else (net0, "rattle" if "RATTLE" in name else "rk4")
+            t0 = time.perf_counter()
+            trained, history = geomjax.train(model, train_set, method=method, epochs=epochs, chunk_length=CHUNK,
+                                             batch_size=batch_size,
+                                             key=jax.random.key(seed + 2),
+                                             progress=f"{chain} {name} {size}" if progress else False)
+            train_s = time.perf_counter() - t0
+            error = geomjax.rollout_error(trained, held_out, method=method)
+            long = _long_rollouts(trained, held_out.xs[:, 0], long_steps, data.dt, method)
+            violation = _worst(_violation(data.constraints, long, n))
+            energy = float("nan") if name == "neural ODE" else _worst(_energy_error(trained, long))
+            errors[name].append(error)
+            found[name] = dict(error=error, violation=violation, energy=energy, loss=float(history["loss"][-1]),
+                               train_s=train_s)
+            if name == "CHNN (RK4)" and size == max(sizes):
+                trained_rk4 = trained
+        for name in MODELS:
+            f = found[name]
+            rows.append({
+                "problem": chain,
+                "model": name,
+                "train trajectories": size,
+                "rollout error": f["error"],
+                "ratio to neural ODE": f["error"] / found["neural ODE"]["error"],
+                "long max |phi|": f["violation"],
+                "long max |dH_theta|": f["energy"],
+                "final loss": f["loss"],
+                "train [s]": f["train_s"],
+            })
+    # figure 2's rollouts: the RK4-trained CHNN, by RK4 and by RATTLE
+    long = {}
+    for label, method in (("rolled out by RK4", "rk4"), ("rolled out by RATTLE", "rattle")):
+        xs = _long_rollouts(trained_rk4, held_out.xs[:, 0], long_steps, data.dt, method)
+        long[label] = {"violation": _violation(data.constraints, xs, n), "energy": _energy_error(trained_rk4, xs)}
+    return {
+        "chain": chain, "links": links, "space_dim": space_dim, "sizes": list(sizes), "errors": errors,
+        "rows": rows, "long": long, "dt": data.dt, "data_s": data_s,
+        "parameters": {"CHNN": geomjax.parameter_count(net0), "neural ODE": geomjax.parameter_count(node0),
+                       "neural ODE width": node0.network.width_size},
+    }
+
+
+def _error_figure(path, results, steps):
+    k = len(results)
+    fig, axes = _figure(1, k, size=(4.6 * k + 1.8, 4.0), sharex=False)
+    for ax, res in zip(axes[0], results):
+        for i, name in enumerate(MODELS):
+            ax.plot(res["sizes"], res["errors"][name], label=name,
+                    **_marked(STYLES[name], i, len(MODELS), len(res["sizes"])) | {"markevery": 1})
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("training trajectories")
+        ax.set_title(res["chain"], fontsize=11)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0, 0].set_ylabel(f"rollout error ({steps} steps,\ngeometric mean)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    return _save(fig, path)
+
+
+def _long_figure(path, res, dt, chunk_steps):
+    fig, axes = _figure(2, 1, size=(8.4, 6.0))
+    labels = list(res["long"])
+    for row, (key, ylabel) in enumerate((("violation", "max |g(q)|"), ("energy", r"max $|H_\theta(x_t) - H_\theta(x_0)|$"))):
+        ax = axes[row, 0]
+        for i, label in enumerate(labels):
+            y = res["long"][label][key]
+            ts = dt * np.arange(len(y))
+            ax.plot(ts[1:], _positive(y[1:]), label=label, **_marked(STYLES[label], i, len(labels), len(ts)))
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[1, 0].set_xlabel("t")
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=2, fontsize="small")
+    steps = len(res["long"][labels[0]]["violation"]) - 1
+    _title(fig, None, f"{res['chain']}: the CHNN trained through RK4 ({max(res['sizes'])} trajectories), "
+                      f"{steps} steps = {steps // chunk_steps}x a training chunk, worst of the held-out starts", 11.0)
+    return _save(fig, path)
+
+
+@register(NAME, "Finzi, Wang and Wilson (2020): constrained Hamiltonian networks vs a neural ODE on chain pendulums; "
+                "rollout error vs training-set size (CHNN through RK4 and RATTLE), and long rollouts of a "
+                "trained CHNN by RK4 and RATTLE (constraint and learned-energy errors)",
+          quick={"chains": ((1, 2),), "sizes": (8,), "test": 4, "epochs": 40, "width": 32, "depth": 2,
+                 "steps": 50, "long_steps": 400, "batch_size": 16})
+def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10, 30, 100), test=50, steps=100,
+        long_steps=10_000, epochs=150, width=256, depth=3, batch_size=200, seed=0) -> dict:
+    """Train the three models on each chain of `chains` ((links, space dimension) pairs)
+    for every training-set size; measure rollout errors on `test` held-out trajectories
+    of `steps` observations, and long rollouts of `long_steps` steps. `batch_size`:
+    chunks per optimizer step (theirs: 200).
+
+    The quick configuration (a smoke run in seconds on a CPU: every `geomjax.train` call
+    compiles its epoch anew, a few seconds each) trains at one size only, on a 1-link chain
+    with a 2×32 network; its numbers are real but not the paper's."""
+    out_dir = pathlib.Path(out_dir)
+    results = [_one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size,
+                          seed, progress)
+               for links, space_dim in chains]
+    chunk_steps = CHUNK - 1
+    figures = [_error_figure(out_dir / f"{NAME}_fig1_error_vs_size.png", results, steps)]
+    for res in results:
+        slug = res["chain"].replace(" ", "_")
+        figures.append(_long_figure(out_dir / f"{NAME}_fig2_long_rollouts_{slug}.png", res, results[0]["dt"], chunk_steps))
+    summary = [row for res in results for row in res["rows"]]
+    findings = []
+    for res in results:
+        ratios = {name: [e_n / e for e, e_n in zip(res["errors"][name], res["errors"]["neural ODE"])]
+                  for name in MODELS[1:]}
+        sizes = ", ".join(str(s) for s in res["sizes"])
+        for name, r in ratios.items():
+            findings.append(f"{res['chain']}: rollout error of the neural ODE / the {name}'s = "
+                            + ", ".join(f"{x:.3g}" for x in r)
+                            + f" with {sizes} training trajectories "
+                            + f"({res['errors'][name][-1]:.2e} against {res['errors']['neural ODE'][-1]:.2e} at {res['sizes'][-1]}).")
+        lr = res["long"]
+        findings.append(
+            f"{res['chain']}, {long_steps} steps ({long_steps // chunk_steps}x a training chunk) of the CHNN trained "
+            f"through RK4: RATTLE keeps max|g| at {_worst(lr['rolled out by RATTLE']['violation']):.1e} and its learned "
+            f"energy error at {_worst(lr['rolled out by RATTLE']['energy']):.1e}; RK4 ends with max|g| "
+            f"{lr['rolled out by RK4']['violation'][-1]:.1e} (largest {_worst(lr['rolled out by RK4']['violation']):.1e}) "
+            f"and energy error {_worst(lr['rolled out by RK4']['energy']):.1e}.")
+    return {
+        "setting": {
+            "chains": [{"links": r["links"], "space_dim": r["space_dim"], "parameters": r["parameters"],
+                        "data_s": r["data_s"]} for r in results],
+            "sizes": list(sizes), "test": test, "steps": steps, "dt": results[0]["dt"], "chunk_length": CHUNK,
+            "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh", "seed": seed,
+            "data": "chain_trajectories: RK4 on the Dirac field, 30 substeps per observation (h = 1e-3)",
+        },
+        "rollout_errors": {r["chain"]: {"sizes": r["sizes"], **r["errors"]} for r in results},
+        "long_rollouts": {r["chain"]: {k: {"max_violation": _worst(v["violation"]), "max_energy_error": _worst(v["energy"]),
+                                           "final_violation": float(v["violation"][-1])}
+                                       for k, v in r["long"].items()} for r in results},
+        "figures": [p.name for p in figures],
+        "summary": summary,
+        "findings": findings,
+    }
