@@ -202,6 +202,7 @@ def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10,
     compiles its epoch anew, a few seconds each) trains at one size only, on a 1-link chain
     with a 2×32 network; its numbers are real but not the paper's."""
     out_dir = pathlib.Path(out_dir)
+    long_steps = max(int(long_steps), int(steps))  # the rollout error is read off the long rollouts' first steps
     results = [_one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size,
                           seed, progress)
                for links, space_dim in chains]
