@@ -35,7 +35,19 @@ def _ziegler_column_layout(metrics):
 
 
 # What else a quick run must show, per experiment (beyond readable figures and the npz).
-EXTRA_CHECKS = {"pendulum-dirac": (_dirac_table_order,), "ziegler-column": (_ziegler_column_layout,)}
+def _learned_chain_findings(metrics):
+    """The constrained networks' rollout error is at least 10x below the neural ODE's, and
+    RATTLE keeps the learned chain on its constraints (RK4 does not)."""
+    rows = {row["model"]: row for row in metrics["summary"]}
+    assert rows["CHNN (RK4)"]["ratio to neural ODE"] <= 0.1 and rows["CHNN (RATTLE)"]["ratio to neural ODE"] <= 0.1
+    assert rows["CHNN (RATTLE)"]["long max |phi|"] <= 1e-12 < rows["CHNN (RK4)"]["long max |phi|"]
+
+
+EXTRA_CHECKS = {
+    "pendulum-dirac": (_dirac_table_order,),
+    "ziegler-column": (_ziegler_column_layout,),
+    "learn-chain-pendulum": (_learned_chain_findings,),
+}
 
 # Experiments whose quick run (with these checks) is made by their own test file, which
 # asserts more of its metrics: run once, not twice.
@@ -59,6 +71,9 @@ SLOW_FIGURES = {
     # 8-11 s each; their tables' legends are checked by tests/test_table_legends.py and their
     # numbers by tests/test_nonholonomic*.py, test_herglotz.py and test_feedback_paper_models.py
     "suslov", "damped-oscillator", "kepler",
+    # 15-17 s (each training compiles its epoch); the learning code is tested by
+    # tests/test_chnn.py, and its findings are asserted here (`_learned_chain_findings`)
+    "learn-chain-pendulum",
 }
 
 
