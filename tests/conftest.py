@@ -7,13 +7,7 @@ for JAX compilation, and the jitted functions the tests call are built once per 
 
 import os
 
-# Most tests compile far more than they run: without XLA's backend optimisation passes
-# the CPU backend compiles 2-3x faster (the whole suite: 5 min 20 s instead of 6-7 min on
-# 2 cores), and the arithmetic is the same program's. GEOMJAX_TEST_OPTIMIZE=1 runs the
-# suite on fully optimised code instead (benchmarks and experiments always are).
-if os.environ.get("GEOMJAX_TEST_OPTIMIZE", "0") != "1":
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
-
+import _xla_flags  # noqa: F401  (sets XLA_FLAGS for the tests: before JAX starts its backend)
 import geomjax  # noqa: F401  (enables jax_enable_x64 before anything else creates arrays)
 import jax
 
