@@ -6,6 +6,7 @@ mass-matrix Lagrangian, H = √(1 + |p|²) + V for the relativistic one, the dam
 oscillator's contact field and its energy decay H(t) = H(0)e^{−αt}.
 """
 
+import functools
 import warnings
 import equinox as eqx
 import jax
@@ -27,10 +28,6 @@ def potential(q):
     return jnp.cos(q[0]) + 0.5 * q[1] ** 2
 
 
-MASS_L = geomjax.LagrangianSystem(lambda q, v: 0.5 * v @ mass_matrix(q) @ v - potential(q), 2)
-RELATIVISTIC = geomjax.LagrangianSystem(lambda q, v: -jnp.sqrt(1.0 - v @ v) - potential(q), 2)
-
-
 @pytest.mark.parametrize(
     "lagrangian, quadratic",
     [
@@ -47,37 +44,45 @@ def test_quadratic_in_velocity_is_read_off_the_jaxpr(lagrangian, quadratic):
     assert geomjax.LagrangianSystem(lagrangian, 2).quadratic is quadratic
 
 
-@jax.jit
-def _legendre_values(q, p, w):
-    x = jnp.concatenate([q, p])
-    out = {}
-    # mass matrix: one linear solve, exact
-    out["mass_h"] = MASS_L.hamiltonian(x)
-    out["mass_p"] = MASS_L.momentum(q, MASS_L.velocity(q, p))
-    # relativistic: Newton (from v = p, which must lie in |v| < 1, the domain of L)
-    pr = 0.3 * p
-    xr = jnp.concatenate([q, pr])
-    out["rel_p"] = RELATIVISTIC.momentum(q, RELATIVISTIC.velocity(q, pr))
-    out["rel_h"] = RELATIVISTIC.hamiltonian(xr)
-    out["rel_grad"] = jax.grad(RELATIVISTIC.hamiltonian)(xr)
-    # and back: L from the Hamiltonian system; E(q, w) = H(q, ∂L/∂v(q, w))
-    out["back_l"] = RELATIVISTIC_BACK.lagrangian(q, w)
-    out["rel_l"] = RELATIVISTIC.lagrangian(q, w)
-    out["energy"] = RELATIVISTIC.energy(q, w)
-    out["h_of_energy"] = RELATIVISTIC.hamiltonian(jnp.concatenate([q, RELATIVISTIC.momentum(q, w)]))
-    # a Newton solve that leaves the domain (first guess |v| > 1) gives NaN, not a value
-    out["outside"] = RELATIVISTIC.velocity(q, jnp.array([3.0, 0.0]))
-    return out
+@functools.cache
+def _legendre_values():
+    """The jitted Legendre checks, built when first used: the relativistic Lagrangian back
+    from its Hamiltonian traces a Newton solve inside a Newton solve to decide how to invert
+    it (8 s), which every xdist worker would otherwise pay when it collects this module."""
+    mass_l = geomjax.LagrangianSystem(lambda q, v: 0.5 * v @ mass_matrix(q) @ v - potential(q), 2)
+    relativistic = geomjax.LagrangianSystem(lambda q, v: -jnp.sqrt(1.0 - v @ v) - potential(q), 2)
+    back = geomjax.LagrangianSystem.from_hamiltonian(relativistic.to_hamiltonian())
 
+    @jax.jit
+    def values(q, p, w):
+        x = jnp.concatenate([q, p])
+        out = {}
+        # mass matrix: one linear solve, exact
+        out["mass_h"] = mass_l.hamiltonian(x)
+        out["mass_p"] = mass_l.momentum(q, mass_l.velocity(q, p))
+        # relativistic: Newton (from v = p, which must lie in |v| < 1, the domain of L)
+        pr = 0.3 * p
+        xr = jnp.concatenate([q, pr])
+        out["rel_p"] = relativistic.momentum(q, relativistic.velocity(q, pr))
+        out["rel_h"] = relativistic.hamiltonian(xr)
+        out["rel_grad"] = jax.grad(relativistic.hamiltonian)(xr)
+        # and back: L from the Hamiltonian system; E(q, w) = H(q, ∂L/∂v(q, w))
+        out["back_l"] = back.lagrangian(q, w)
+        out["rel_l"] = relativistic.lagrangian(q, w)
+        out["energy"] = relativistic.energy(q, w)
+        out["h_of_energy"] = relativistic.hamiltonian(jnp.concatenate([q, relativistic.momentum(q, w)]))
+        # a Newton solve that leaves the domain (first guess |v| > 1) gives NaN, not a value
+        out["outside"] = relativistic.velocity(q, jnp.array([3.0, 0.0]))
+        return out
 
-RELATIVISTIC_BACK = geomjax.LagrangianSystem.from_hamiltonian(RELATIVISTIC.to_hamiltonian())
+    return values
 
 
 def test_legendre_both_ways_at_random_states(rng):
     for _ in range(3):
         q, p = rng.normal(size=2), rng.normal(size=2)
         w = 0.5 * rng.uniform(-1, 1, 2) / np.sqrt(2)
-        out = {k: np.asarray(v) for k, v in _legendre_values(q, p, w).items()}
+        out = {k: np.asarray(v) for k, v in _legendre_values()(q, p, w).items()}
         m = np.asarray(mass_matrix(q))
         v_pot = float(potential(jnp.asarray(q)))
         np.testing.assert_allclose(out["mass_h"], 0.5 * p @ np.linalg.solve(m, p) + v_pot, rtol=1e-14)
