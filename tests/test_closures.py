@@ -7,8 +7,6 @@ Each case is `loss(wrap, p)`: `wrap(f, p)` makes the user's function from `f(p, 
 either as a closure `lambda *a: f(p, *a)` or as `Partial(f, p)` (an explicit pytree leaf).
 """
 
-import os
-
 import equinox as eqx
 import geomjax
 import jax
@@ -454,31 +452,3 @@ def test_the_examples_of_the_closure_and_check_helpers_run():
     for module in (geomjax.internal.closure, geomjax._validate):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
-
-
-def _resident_bytes():
-    """This process's resident memory in bytes (Linux's /proc; None elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
-# Each test adds 50-100 MB of programs (forward, jit(grad), finite differences): this
-# module alone, none dropped, measured 1.2 GB of resident memory. Keeping them (until the
-# module ends, tests/conftest.py) while the process stays under this size spares the later
-# cases tracing again what they share: this module in one process 65 s of user time
-# instead of 74 s, at 1.1 GB at most.
-_KEEP_PROGRAMS_BELOW = 1.2e9
-
-
-@pytest.fixture(autouse=True)
-def _release_programs_past_a_size():
-    """Every case here compiles its own programs: dropped after a test once the process
-    holds more than `_KEEP_PROGRAMS_BELOW` (and after every test where its size is not
-    known), so that a worker stays under 2 GB through this module."""
-    yield
-    resident = _resident_bytes()
-    if resident is None or resident > _KEEP_PROGRAMS_BELOW:
-        jax.clear_caches()
