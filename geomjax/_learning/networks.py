@@ -96,26 +96,6 @@ class _GeneralHamiltonian(eqx.Module):
         return 0.5 * jnp.sum(y * y) + self.network(x)
 
 
-class _NetworkSystem(HolonomicSystem):
-    """The `HolonomicSystem` of a network: the same system, with the hidden constraint
-    Dg(q)·∂H/∂p differentiated on the state's pieces.
-
-    `HolonomicSystem.constraint_functions` takes ∂H/∂p of H(concatenate([q, p])): the
-    slice x[:n] of that concatenation carries a (zero) tangent, so the potential network
-    is differentiated with it, and the Dirac field then carries the network's derivatives
-    through every gradient of f and through C. Evaluated on (q, p) directly
-    (`AbstractPoissonStructure.evaluate`), q carries no tangent and ∂H/∂p = M⁻¹p never
-    touches the network: a training step through RK4 ran 4× faster (two-link chain,
-    64 chunks).
-    """
-
-    def constraint_functions(self, x):
-        q, p = self.structure.split(x)
-        dh_dp = jax.grad(lambda pp: self.structure.evaluate(self.hamiltonian, (q, pp)))(p)
-        g, g_dot = jax.jvp(lambda qq: jnp.atleast_1d(self.holonomic(qq)), (q,), (dh_dp,))
-        return jnp.concatenate([g, g_dot])
-
-
 class ConstrainedHamiltonianNetwork(eqx.Module):
     """A Hamiltonian network on T*Rⁿ with known holonomic constraints g(q) = 0.
 
@@ -271,7 +251,7 @@ class ConstrainedHamiltonianNetwork(eqx.Module):
         """The geomjax `HolonomicSystem` of H_θ and the constraints g (canonical structure
         on R²ⁿ). Build it where it is used (inside the loss, under `jit`): the factor L⁻¹
         is computed when it is built."""
-        return _NetworkSystem(self._hamiltonian_module(), canonical(self.n), self.constraints)
+        return HolonomicSystem(self._hamiltonian_module(), canonical(self.n), holonomic=self.constraints)
 
     def to_canonical(self, x: Float[Array, " 2n"]) -> Float[Array, " 2n"]:
         """An observed state (q, v) → the canonical (q, p), p = Mv (identity for observed momenta)."""
