@@ -188,6 +188,32 @@ def test_traced_parameters_stay_inputs(rng):
     np.testing.assert_allclose(jax.jit(f)(2.0), 2.0 * x[0] * x)
 
 
+def test_traced_values_closed_over_count_as_inputs(rng):
+    """A network's weights under `jax.grad` are inputs of the graph: past MAX_INPUTS of
+    them (with the arguments) the function is evaluated unchanged, not expanded weight by
+    weight (a 2×16 network's training step compiled 8× slower that way); a few stay
+    inputs of an expanded graph. Values and gradients are the function's either way."""
+    x = jnp.asarray(rng.standard_normal(3))
+    big = jnp.asarray(rng.standard_normal((MAX_INPUTS, 3)))
+
+    def energy(w, v):
+        return jnp.sum(jnp.tanh(w @ v) ** 2) + 0.0 * v[0]
+
+    def expanded(w):
+        simplify.clear_cache()
+        jaxpr = jax.make_jaxpr(lambda w: scalar_graph(lambda v: energy(w, v), x))(w)
+        return any(e.primitive.name == "custom_jvp_call" for e in jaxpr.jaxpr.eqns), jaxpr
+
+    small_expanded, _ = expanded(big[:4])
+    big_expanded, jaxpr = expanded(big)
+    assert small_expanded and not big_expanded
+    assert "dot_general" in {e.primitive.name for e in jaxpr.jaxpr.eqns}  # the product as written
+    value = lambda w: scalar_graph(lambda v: energy(w, v), x)
+    for w in (big[:4], big):
+        np.testing.assert_allclose(jax.jit(value)(w), energy(w, x), rtol=1e-14)
+        np.testing.assert_allclose(jax.jit(jax.grad(value))(w), jax.grad(energy)(w, x), rtol=1e-12, atol=1e-15)
+
+
 def test_operations_without_a_rule_are_kept_whole_and_large_inputs_fall_back(rng):
     x = jnp.asarray(rng.standard_normal(4))
 

@@ -126,12 +126,6 @@ class ConstrainedHamiltonianNetwork(eqx.Module):
     the data are canonical (q, p) already (necessary for `hamiltonian="mlp"`, whose
     velocity ∂H/∂p is not linear in p).
 
-    `geomjax.rollout`, `train`, `rollout_error` and `network_gains` run the network's
-    fields with geomjax's scalar-graph simplification off: it expands a small network's
-    weights into scalar operations, and compiled up to 20× slower. Where you pass
-    `system()` to geomjax yourself (`geomjax.integrate`, a field you jit), do the same
-    around it: `with geomjax.internal.simplify.enabled(False): ...`.
-
     **Arguments:**
 
     - `n`: the number of configuration coordinates (the state has 2n entries).

@@ -27,7 +27,6 @@ from .._field.feedback import feedback_field
 from .._status import RESULTS
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
-from ..internal import simplify
 from .networks import ConstrainedHamiltonianNetwork, NeuralODE, trainable_filter
 
 _LOSSES = ("mae", "mse")
@@ -78,14 +77,8 @@ def _step(model, x0, method: str, gains):
 
 
 def _canonical_run(model, x0, steps: int, dt, method: str, substeps: int, gains):
-    """The canonical states (steps + 1, 2n) of the model's run from the canonical x0.
-
-    geomjax's scalar-graph simplification is off here: it would expand a small network
-    into scalar operations (its weights folded into the graph as traced constants) and,
-    under `jax.grad`, their derivatives with respect to every weight, which compiled 20×
-    slower and ran 10× slower (a pendulum network of width 16)."""
-    with simplify.enabled(False):
-        return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
+    """The canonical states (steps + 1, 2n) of the model's run from the canonical x0."""
+    return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
 
 
 def saved_run(step, x0, steps: int, dt, substeps: int = 1):
@@ -283,12 +276,8 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
     to_canonical, _ = model.canonical_maps()
     canonical_states = jax.vmap(to_canonical)(states)
-    with simplify.enabled(
-        False
-    ):  # as in rollouts (`_canonical_run`): the rates compiled in 70 s with it, 5 s without (two-link chain, width 16)
-        system = model.system()
-        unit = feedback_field(system, canonical_states[0], 1.0, start_tol=None)
-        return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
+    unit = feedback_field(model.system(), canonical_states[0], 1.0, start_tol=None)
+    return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
 
 
 def _as_chunks(data, dt, chunk_length):

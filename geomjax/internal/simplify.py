@@ -65,7 +65,9 @@ does, batched alike.
 `stop_gradient` is kept as an operation, so it acts as it does in the original. Where the
 derivative's graph exceeds the size limits, the rule is JAX's JVP of the emitted graph.
 
-**When it is not used.** Functions of more than `MAX_INPUTS` input scalars, whose
+**When it is not used.** Functions of more than `MAX_INPUTS` input scalars (their
+arguments' and those of the traced values they close over, such as a network's weights
+under `jax.grad`), whose
 expansion grows past `MAX_NODES` nodes, or whose simplified graph still needs more than
 `MAX_OPERATIONS` scalar operations are evaluated unchanged, quietly: that is by design
 (the expansion is quadratic in the state dimension for the Jacobians of derived fields,
@@ -1171,6 +1173,15 @@ def _simplified_call(fn, args, warn: bool, linear=None, fallback=None, allowed=N
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    if _input_size(specs, closed.consts) > MAX_INPUTS:
+        # Traced values `fn` closes over (a network's weights under `jax.grad`) are
+        # inputs of the graph as much as its arguments: expanded, every weight becomes a
+        # scalar input, and its derivative a term per weight (a 2×16 network's training
+        # step compiled 8× slower).
+        if fallback is not fn:
+            return fallback(*args)
+        results = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat_args)
+        return jax.tree_util.tree_unflatten(out_tree, results)
     key = _cache_key(closed, flat_args, in_tree, out_tree)
     plan = _cache.get(key)
     if plan is None:
@@ -1202,6 +1213,13 @@ def _simplified_call(fn, args, warn: bool, linear=None, fallback=None, allowed=N
     else:
         results = _with_simplified_derivatives(plan, closed, list(flat_args), consts, out_leaves)
     return jax.tree_util.tree_unflatten(out_tree, results)
+
+
+def _input_size(specs, consts) -> int:
+    """The graph's input scalars: the arguments' and those of the traced values the
+    function closes over (concrete ones are folded in as constants)."""
+    traced = sum(int(np.prod(jnp.shape(c))) for c in consts if isinstance(c, jax.core.Tracer))
+    return sum(int(np.prod(spec.shape)) for spec in specs) + traced
 
 
 def _primal_deps(plan, traced, n_args, out_avals) -> list:
