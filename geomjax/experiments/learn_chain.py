@@ -85,6 +85,14 @@ def _worst(a):
     return float("inf") if not np.all(np.isfinite(a)) else float(np.max(a))
 
 
+def _tenth(a, which):
+    """The largest entry of the first (`which` = 0) or last (-1) tenth of the saved steps
+    after the start."""
+    a = np.asarray(a)[1:]
+    k = max(1, len(a) // 10)
+    return _worst(a[:k] if which == 0 else a[-k:])
+
+
 def _one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
     sizes = tuple(sorted(int(s) for s in sizes))
     start = time.perf_counter()
@@ -223,12 +231,15 @@ def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10,
                             + f" with {sizes} training trajectories "
                             + f"({res['errors'][name][-1]:.2e} against {res['errors']['neural ODE'][-1]:.2e} at {res['sizes'][-1]}).")
         lr = res["long"]
+        rattle_run, rk4_run = lr["rolled out by RATTLE"], lr["rolled out by RK4"]
         findings.append(
             f"{res['chain']}, {long_steps} steps ({long_steps // chunk_steps}x a training chunk) of the CHNN trained "
-            f"through RK4: RATTLE keeps max|g| at {_worst(lr['rolled out by RATTLE']['violation']):.1e} and its learned "
-            f"energy error at {_worst(lr['rolled out by RATTLE']['energy']):.1e}; RK4 ends with max|g| "
-            f"{lr['rolled out by RK4']['violation'][-1]:.1e} (largest {_worst(lr['rolled out by RK4']['violation']):.1e}) "
-            f"and energy error {_worst(lr['rolled out by RK4']['energy']):.1e}.")
+            f"through RK4: RATTLE keeps max|g| at {_worst(rattle_run['violation']):.1e} and its learned "
+            f"energy error at {_worst(rattle_run['energy']):.1e} (largest over the first tenth of the steps "
+            f"{_tenth(rattle_run['energy'], 0):.1e}, over the last {_tenth(rattle_run['energy'], -1):.1e}); RK4 ends with "
+            f"max|g| {rk4_run['violation'][-1]:.1e} (over the first tenth {_tenth(rk4_run['violation'], 0):.1e}) "
+            f"and its energy error grows from {_tenth(rk4_run['energy'], 0):.1e} over the first tenth "
+            f"to {_tenth(rk4_run['energy'], -1):.1e} over the last.")
     return {
         "setting": {
             "chains": [{"links": r["links"], "space_dim": r["space_dim"], "parameters": r["parameters"],
@@ -239,7 +250,9 @@ def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10,
         },
         "rollout_errors": {r["chain"]: {"sizes": r["sizes"], **r["errors"]} for r in results},
         "long_rollouts": {r["chain"]: {k: {"max_violation": _worst(v["violation"]), "max_energy_error": _worst(v["energy"]),
-                                           "final_violation": float(v["violation"][-1])}
+                                           "final_violation": float(v["violation"][-1]),
+                                           "energy_error_first_tenth": _tenth(v["energy"], 0),
+                                           "energy_error_last_tenth": _tenth(v["energy"], -1)}
                                        for k, v in r["long"].items()} for r in results},
         "figures": [p.name for p in figures],
         "summary": summary,
