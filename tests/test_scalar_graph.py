@@ -486,3 +486,38 @@ def test_derivative_rules_keep_zero_tangents_and_nans(rng):
     _, tangent = jax.jvp(lambda x: scalar_graph(fn, x, k), (bad,), (jnp.ones(3),))
     _, expected = jax.jvp(lambda x: fn(x, k), (bad,), (jnp.ones(3),))
     assert np.isnan(expected[0]) and np.isnan(tangent[0])
+
+
+def test_derivatives_past_the_size_limits_keep_custom_rules_under_vmap():
+    """Where the JVP's graph is past the size limits, the derivative is JAX's JVP of the
+    function as written, whose custom rules stand: a RATTLE step (its Newton loop kept
+    whole, differentiated by the implicit function theorem) closing over 33 traced
+    parameters, batched and reverse-differentiated. The JVP of the emitted graph, where
+    the custom rules are inlined, differentiated the loop itself and failed to
+    transpose (`stop_gradient`), or to batch (a network trained through RATTLE)."""
+    rng = np.random.default_rng(0)
+    states = []
+    for angle, rate in ((0.3, 0.5), (1.0, -0.4), (-0.7, 1.1)):
+        q = np.array([np.sin(angle), -np.cos(angle)])
+        states.append(np.concatenate([q, rate * np.array([np.cos(angle), np.sin(angle)])]))
+    states = jnp.asarray(np.array(states))
+    w0 = jnp.asarray(0.3 * rng.standard_normal((11, 3)))
+
+    def loss(w):
+        def hamiltonian(x):  # a small network as the potential: its weights are traced
+            q, p = x[:2], x[2:]
+            return 0.5 * p @ p + jnp.sum(w[:, 2] * jnp.tanh(w[:, :2] @ q))
+
+        system = geomjax.System(hamiltonian, geomjax.canonical(2), holonomic=lambda q: 0.5 * (q @ q - 1.0))
+        step = geomjax.rattle(system)
+
+        def one(x):
+            (q, p), _ = step.advance(0.0, (x[:2], x[2:]), 0.1, None)
+            return jnp.sum(q**3) + jnp.sum(p**3)
+
+        return jnp.sum(jax.vmap(one)(states))
+
+    grad = jax.jit(jax.grad(loss))(w0)
+    with simplify.enabled(False):
+        expected = jax.jit(jax.grad(loss))(w0)
+    np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-13)

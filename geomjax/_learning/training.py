@@ -260,9 +260,14 @@ def rollout_loss(
     return _loss_value(model, chunks, dt, method, _steps(substeps, "substeps"), gains, loss)
 
 
-def _loss_value(model, chunks, dt, method, substeps, gains, loss):
+def _loss_value(model, chunks, dt, method, substeps, gains, loss, weights=None):
+    """The rollout loss of the chunks; with `weights` (B,), their weighted mean over the
+    chunks (each chunk's own mean over its times and entries)."""
     error = _predict_chunks(model, chunks, dt, method, substeps, gains) - chunks
-    return jnp.mean(jnp.abs(error)) if loss == "mae" else jnp.mean(error * error)
+    per_entry = jnp.abs(error) if loss == "mae" else error * error
+    if weights is None:
+        return jnp.mean(per_entry)
+    return jnp.sum(weights * jnp.mean(per_entry, axis=(1, 2))) / jnp.sum(weights)
 
 
 def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: str = "rk4") -> np.ndarray:
@@ -345,8 +350,9 @@ def train(
     minibatch has one shape), and each minibatch is one optimizer step on `rollout_loss`.
     The whole epoch is one compiled program, compiled once per call: a `lax.scan` over
     the minibatches of `jax.value_and_grad` of the loss, each loss a `jax.vmap` of the
-    chunks' rollouts. A step whose loss or gradient is not finite (a rollout that blew
-    up) is skipped and counted. Only the trainable leaves change (`parameter_count`
+    chunks' rollouts. A chunk whose prediction is not finite (a RATTLE step whose Newton
+    solve failed, a rollout that blew up) is left out of its minibatch's loss and counted;
+    a step whose loss or gradient is still not finite is skipped and counted. Only the trainable leaves change (`parameter_count`
     says which).
 
     **Arguments:**
@@ -369,7 +375,8 @@ def train(
 
     **Returns:** `(trained model, history)`, history a dict of numpy arrays with one
     entry per epoch: `"loss"` (the mean minibatch loss, before each step's update),
-    `"skipped"` (steps skipped for a non-finite loss or gradient) and `"seconds"` (the
+    `"failed_chunks"` (chunk predictions left out of the loss), `"skipped"` (steps
+    skipped for a non-finite loss or gradient) and `"seconds"` (the
     epoch's wall time); and `"compile_seconds"`, the time to compile the epoch.
 
     Example (a pendulum from four short trajectories, one RK4 step per chunk):
@@ -409,22 +416,40 @@ def train(
         params, opt_state, chunks = carry
         batch = chunks[index]
 
-        def objective(p):
-            return _loss_value(eqx.combine(p, static), batch, dt, method, substeps, gains, loss)
+        def objective(p, chunks, weights=None):
+            return _loss_value(eqx.combine(p, static), chunks, dt, method, substeps, gains, loss, weights)
 
-        value, grads = jax.value_and_grad(objective)(params)
-        finite = jnp.isfinite(value) & _all_finite(grads)
+        def without_failed_chunks(_):
+            # A chunk whose prediction is not finite (a RATTLE step whose Newton solve
+            # failed, a rollout that blew up) is left out of the loss; one such chunk
+            # would otherwise make the whole step's gradient NaN, and the same chunk
+            # would stop every later step too. Its NaNs reach the gradient even with
+            # weight 0 (0·NaN), so it is replaced by a chunk that ran.
+            predictions = _predict_chunks(eqx.combine(params, static), batch, dt, method, substeps, gains)
+            ran = jnp.all(jnp.isfinite(predictions), axis=(1, 2))
+            safe = jnp.where(ran[:, None, None], batch, batch[jnp.argmax(ran)])
+            value, grads = jax.value_and_grad(objective)(params, safe, ran.astype(batch.dtype))
+            return value, grads, jnp.sum(~ran).astype(jnp.int32)
+
+        value, grads = jax.value_and_grad(objective)(params, batch)
+        value, grads, failed = jax.lax.cond(
+            jnp.isfinite(value) & _all_finite(grads),
+            lambda _: (value, grads, jnp.zeros((), jnp.int32)),
+            without_failed_chunks,
+            None,
+        )
+        finite = jnp.isfinite(value) & _all_finite(grads)  # not when every chunk failed
         grads = jax.tree_util.tree_map(lambda g: jnp.where(finite, g, 0.0), grads)
         updates, new_state = optimizer.update(grads, opt_state, params)
         new_params = eqx.apply_updates(params, updates)
         keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
-        return (keep(new_params, params), keep(new_state, opt_state), chunks), (value, ~finite)
+        return (keep(new_params, params), keep(new_state, opt_state), chunks), (value, ~finite, failed)
 
     @jax.jit
     def epoch(params, opt_state, chunks, order):
         # the chunks are an argument, not a constant folded into the program
-        (params, opt_state, _), (values, skipped) = jax.lax.scan(step, (params, opt_state, chunks), order)
-        return params, opt_state, values, skipped
+        (params, opt_state, _), (values, skipped, failed) = jax.lax.scan(step, (params, opt_state, chunks), order)
+        return params, opt_state, values, skipped, failed
 
     def order_of(k):
         return jax.random.permutation(k, count)[: batches * batch_size].reshape(batches, batch_size)
@@ -433,17 +458,18 @@ def train(
     start = time.perf_counter()
     compiled = epoch.lower(params, opt_state, chunks, order_of(keys[0])).compile()
     compile_seconds = time.perf_counter() - start
-    history = {"loss": [], "skipped": [], "seconds": []}
+    history = {"loss": [], "skipped": [], "failed_chunks": [], "seconds": []}
     bar = _progress_bar(epochs, progress)
     try:
         for k in keys:
             start = time.perf_counter()
-            params, opt_state, values, skipped = compiled(params, opt_state, chunks, order_of(k))
+            params, opt_state, values, skipped, failed = compiled(params, opt_state, chunks, order_of(k))
             values = np.asarray(values)
             history["seconds"].append(time.perf_counter() - start)
             finite = values[np.isfinite(values)]
             history["loss"].append(float(finite.mean()) if finite.size else math.nan)
             history["skipped"].append(int(np.sum(np.asarray(skipped))))
+            history["failed_chunks"].append(int(np.sum(np.asarray(failed))))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{history['loss'][-1]:.4g}")
@@ -452,10 +478,13 @@ def train(
             bar.close()
     history = {name: np.asarray(values) for name, values in history.items()}
     history["compile_seconds"] = compile_seconds
-    if history["skipped"].sum():
+    failed_chunks, skipped_steps = int(history["failed_chunks"].sum()), int(history["skipped"].sum())
+    if failed_chunks or skipped_steps:
+        cause = "a RATTLE step whose Newton solve did not converge, or a rollout that blew up"
         warnings.warn(
-            f"train skipped {int(history['skipped'].sum())} of {epochs * batches} steps whose loss or gradient "
-            "was not finite (a rollout that blew up): lower the learning rate or dt/substeps",
+            f"train left {failed_chunks} of {epochs * batches * batch_size} chunk predictions out of their minibatch's "
+            f"loss because they were not finite ({cause}), and skipped {skipped_steps} of {epochs * batches} steps "
+            "whose loss or gradient was not finite even so; lower the learning rate, or take substeps",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -63,7 +63,10 @@ of a `vmap` over a parameter failed to lower). The primal outputs of the rule ar
 simplified function's own call, so a differentiated run computes the values a plain run
 does, batched alike.
 `stop_gradient` is kept as an operation, so it acts as it does in the original. Where the
-derivative's graph exceeds the size limits, the rule is JAX's JVP of the emitted graph.
+derivative's graph exceeds the size limits, the rule is JAX's JVP of the emitted graph,
+or of the function as written where it holds custom derivative rules (the emitted
+graph has them inlined: its JVP would differentiate a Newton loop's iterations, which
+reverse mode cannot transpose).
 
 **When it is not used.** Functions of more than `MAX_INPUTS` input scalars (their
 arguments' and those of the traced values they close over, such as a network's weights
@@ -1262,8 +1265,9 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
     reciprocals and collected terms no longer cancel against their derivatives: a
     tuning iteration ran 1.3× slower that way.) The rule's primal outputs are the
     emitted graph's, the values of an undifferentiated call. Where the JVP's graph
-    exceeds the size limits, the rule is the plain `jax.jvp` of the emitted graph, as
-    without the rule.
+    exceeds the size limits, the rule is the plain `jax.jvp` of the emitted graph, or of
+    the original jaxpr where that holds custom derivative rules (the emitted graph inlines
+    them, and differentiating a Newton loop's iterations cannot be transposed).
     """
     values = list(flat_args) + list(consts)
     traced = [i for i, v in enumerate(values) if isinstance(v, jax.core.Tracer)]
@@ -1291,7 +1295,7 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
         tangents = jax.tree_util.tree_map(_zero_tangent, tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
         out_tangents = _simplified_call(
             lambda p, t: jax.jvp(original, p, t)[1], (primals, tangents), False,
-            linear=len(traced), fallback=lambda p, t: jax.jvp(emitted, p, t)[1],
+            linear=len(traced), fallback=lambda p, t: jax.jvp(original if plan.custom_rules else emitted, p, t)[1],
             allowed=_primal_deps(plan, traced, n_args, out_leaves),
         )
         # The primal outputs are the function's own call: under `vmap` JAX lays out a
