@@ -24,7 +24,6 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._field.base import as_field
 from .._field.dirac import dirac_field
 from .._field.feedback import feedback_field
-from .._solve.newton import Newton
 from .._status import RESULTS
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
@@ -65,12 +64,7 @@ def _step(model, x0, method: str, gains):
         return build_step(method, as_field(model))
     system = model.system()
     if method == "rattle":
-        # Four Newton iterations before the check (geomjax.rattle's default is two): after
-        # two or three, the check on the multiplier's update let |g| reach 1.6e−12 (two
-        # links) and 1.0e−12 (three links) over 10⁴-step rollouts of learned chains; after
-        # four, |g(q₁)| was at round-off (≤ 5.6e−16) where three left 1.7e−13. The extra
-        # iterations evaluate only g, never the network.
-        return rattle(system, newton=Newton(iterations=4, then_loop=True))
+        return rattle(system)
     if method == "feedback":
         if gains is None:
             raise ValueError(
