@@ -60,9 +60,12 @@ class Newton(eqx.Module):
       a fixed `iterations`.
     - `iterations`: `None` (default) to iterate in a `lax.while_loop` until the update test
       holds or `max_steps` are spent; an integer k ≥ 1 to run exactly k iterations written
-      out without a loop (they fuse with the rest of the step), then check the residual at
-      the result. A failed check gives `converged=False`; the value is not repaired, and
-      steps report `NEWTON_FAILED`.
+      out without a loop (they fuse with the rest of the step), then check the result: for
+      k ≥ 2 by the error estimated from the last two updates, θ = |Δₖ|/|Δₖ₋₁|
+      (θ²|Δₖ|/(1 − θ) times a safety factor of 1000 for Newton, whose first updates
+      understate its constant; θ|Δₖ|/(1 − θ) for the chord iteration), for k = 1 by the
+      update the residual at the result would give. A failed check gives
+      `converged=False`; the value is not repaired, and steps report `NEWTON_FAILED`.
     - `then_loop`: with `iterations=k`, when the check after the k written-out
       iterations fails, go on in a `lax.while_loop` (up to `max_steps` iterations in
       all) instead of reporting the failure. The loop sits behind a `lax.cond` on the

@@ -340,7 +340,8 @@ def rattle(
     - `newton`: a `geomjax.Newton` with the solver settings for the multiplier (unknown
       ν = (h²/2)λ, a displacement). Default `Newton(iterations=2, then_loop=True)`: two
       iterations written out, then the result is checked (the error estimated from the
-      last two updates, in the units of ν) against atol + rtol|ν|; if the check fails, a
+      last two updates with a safety factor, in the units of ν) against atol + rtol|ν|;
+      if the check fails, a
       loop goes on (up to `max_steps` iterations), and a solve that still fails gives
       `RESULTS.newton_failed`.
     - `rtol`, `atol`, `max_iter`: the earlier keywords, still accepted: they set those
