@@ -27,6 +27,7 @@ from .._field.feedback import feedback_field
 from .._status import RESULTS
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
+from ..internal import simplify
 from .networks import ConstrainedHamiltonianNetwork, NeuralODE, trainable_filter
 
 _LOSSES = ("mae", "mse")
@@ -77,8 +78,15 @@ def _step(model, x0, method: str, gains):
 
 
 def _canonical_run(model, x0, steps: int, dt, method: str, substeps: int, gains):
-    """The canonical states (steps + 1, 2n) of the model's run from the canonical x0."""
-    return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
+    """The canonical states (steps + 1, 2n) of the model's run from the canonical x0.
+
+    geomjax's scalar-graph simplification is off here. Under `jax.grad` a network's
+    weights are traced inputs of every evaluation of its field; a network small enough
+    that weights and state stay within `simplify.MAX_INPUTS` would be expanded weight by
+    weight (a width-4 pendulum network's training compiled in 16.4 s with the pass, 5.4 s
+    without), and wider ones are past the limit and run unsimplified anyway."""
+    with simplify.enabled(False):
+        return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
 
 
 def saved_run(step, x0, steps: int, dt, substeps: int = 1):
@@ -281,8 +289,9 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
     to_canonical, _ = model.canonical_maps()
     canonical_states = jax.vmap(to_canonical)(states)
-    unit = feedback_field(model.system(), canonical_states[0], 1.0, start_tol=None)
-    return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
+    with simplify.enabled(False):  # as in rollouts (`_canonical_run`)
+        unit = feedback_field(model.system(), canonical_states[0], 1.0, start_tol=None)
+        return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
 
 
 def _as_chunks(data, dt, chunk_length):
