@@ -521,3 +521,10 @@ def test_derivatives_past_the_size_limits_keep_custom_rules_under_vmap():
     with simplify.enabled(False):
         expected = jax.jit(jax.grad(loss))(w0)
     np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-13)
+    # and central differences of the loss along a direction in the closed-over weights
+    direction = jnp.asarray(rng.standard_normal(w0.shape))
+    value = jax.jit(loss)
+    eps = 1e-6
+    fd = (value(w0 + eps * direction) - value(w0 - eps * direction)) / (2 * eps)
+    exact = jnp.vdot(grad, direction)
+    assert abs(float(exact - fd)) <= 1e-7 * abs(float(exact)) + 1e-10, (float(exact), float(fd))

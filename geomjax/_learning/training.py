@@ -263,14 +263,20 @@ def rollout_loss(
     return _loss_value(model, chunks, dt, method, _steps(substeps, "substeps"), gains, loss)
 
 
-def _loss_value(model, chunks, dt, method, substeps, gains, loss, weights=None):
+def _loss_value(model, chunks, dt, method, substeps, gains, loss, weights=None, ran=False):
     """The rollout loss of the chunks; with `weights` (B,), their weighted mean over the
-    chunks (each chunk's own mean over its times and entries)."""
-    error = _predict_chunks(model, chunks, dt, method, substeps, gains) - chunks
+    chunks (each chunk's own mean over its times and entries). `ran=True` also returns
+    which chunks' predictions are finite, (B,)."""
+    predictions = _predict_chunks(model, chunks, dt, method, substeps, gains)
+    error = predictions - chunks
     per_entry = jnp.abs(error) if loss == "mae" else error * error
     if weights is None:
-        return jnp.mean(per_entry)
-    return jnp.sum(weights * jnp.mean(per_entry, axis=(1, 2))) / jnp.sum(weights)
+        value = jnp.mean(per_entry)
+    else:
+        value = jnp.sum(weights * jnp.mean(per_entry, axis=(1, 2))) / jnp.sum(weights)
+    if ran:
+        return value, jax.lax.stop_gradient(jnp.all(jnp.isfinite(predictions), axis=(1, 2)))
+    return value
 
 
 def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: str = "rk4") -> np.ndarray:
@@ -356,8 +362,8 @@ def train(
     the minibatches of `jax.value_and_grad` of the loss, each loss a `jax.vmap` of the
     chunks' rollouts. A chunk whose prediction is not finite (a RATTLE step whose Newton
     solve failed, a rollout that blew up) is left out of its minibatch's loss and counted;
-    a step whose loss or gradient is still not finite is skipped and counted. Only the trainable leaves change (`parameter_count`
-    says which).
+    a step whose loss or gradient is still not finite is skipped and counted. Only the
+    trainable leaves change (`parameter_count` says which).
 
     **Arguments:**
 
@@ -380,8 +386,8 @@ def train(
     **Returns:** `(trained model, history)`, history a dict of numpy arrays with one
     entry per epoch: `"loss"` (the mean minibatch loss, before each step's update),
     `"failed_chunks"` (chunk predictions left out of the loss), `"skipped"` (steps
-    skipped for a non-finite loss or gradient) and `"seconds"` (the
-    epoch's wall time); and `"compile_seconds"`, the time to compile the epoch.
+    skipped for a non-finite loss or gradient) and `"seconds"` (the epoch's wall time);
+    and `"compile_seconds"`, the time to compile the epoch.
 
     Example (a pendulum from four short trajectories, one RK4 step per chunk):
 
@@ -421,26 +427,24 @@ def train(
         batch = chunks[index]
 
         def objective(p, chunks, weights=None):
-            return _loss_value(eqx.combine(p, static), chunks, dt, method, substeps, gains, loss, weights)
+            return _loss_value(eqx.combine(p, static), chunks, dt, method, substeps, gains, loss, weights, ran=True)
 
-        def without_failed_chunks(_):
+        def without_failed_chunks(ran):
             # A chunk whose prediction is not finite (a RATTLE step whose Newton solve
             # failed, a rollout that blew up) is left out of the loss; one such chunk
             # would otherwise make the whole step's gradient NaN, and the same chunk
             # would stop every later step too. Its NaNs reach the gradient even with
             # weight 0 (0·NaN), so it is replaced by a chunk that ran.
-            predictions = _predict_chunks(eqx.combine(params, static), batch, dt, method, substeps, gains)
-            ran = jnp.all(jnp.isfinite(predictions), axis=(1, 2))
             safe = jnp.where(ran[:, None, None], batch, batch[jnp.argmax(ran)])
-            value, grads = jax.value_and_grad(objective)(params, safe, ran.astype(batch.dtype))
+            (value, _), grads = jax.value_and_grad(objective, has_aux=True)(params, safe, ran.astype(batch.dtype))
             return value, grads, jnp.sum(~ran).astype(jnp.int32)
 
-        value, grads = jax.value_and_grad(objective)(params, batch)
+        (value, ran), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
         value, grads, failed = jax.lax.cond(
             jnp.isfinite(value) & _all_finite(grads),
             lambda _: (value, grads, jnp.zeros((), jnp.int32)),
             without_failed_chunks,
-            None,
+            ran,
         )
         finite = jnp.isfinite(value) & _all_finite(grads)  # not when every chunk failed
         grads = jax.tree_util.tree_map(lambda g: jnp.where(finite, g, 0.0), grads)

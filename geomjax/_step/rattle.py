@@ -341,9 +341,8 @@ def rattle(
       ν = (h²/2)λ, a displacement). Default `Newton(iterations=2, then_loop=True)`: two
       iterations written out, then the result is checked (the error estimated from the
       last two updates with a safety factor, in the units of ν) against atol + rtol|ν|;
-      if the check fails, a
-      loop goes on (up to `max_steps` iterations), and a solve that still fails gives
-      `RESULTS.newton_failed`.
+      if the check fails, a loop goes on (up to `max_steps` iterations), and a solve that
+      still fails gives `RESULTS.newton_failed`.
     - `rtol`, `atol`, `max_iter`: the earlier keywords, still accepted: they set those
       fields of the default (`max_iter` asks for the loop with that many iterations at
       most). Not together with `newton`.
