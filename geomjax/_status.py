@@ -18,7 +18,7 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
     Members: `successful`, `nonfinite_start`, `off_constraint_set`,
     `nonfinite_first_step`, `diverged`, `newton_failed`, `constraint_violation`,
     `invariant_drift`, `solver_failed`, `step_size_collapsed`, `invalid_step_size`,
-    `inaccurate`. A status is an `equinox.EnumerationItem`; compare it with `==` (it works
+    `inaccurate`, `linear_solve_failed`. A status is an `equinox.EnumerationItem`; compare it with `==` (it works
     under `jit` and `vmap`), and read its sentence with `RESULTS[item]`.
 
     What `successful` certifies, exactly: the start was finite and on the constraint set
@@ -101,6 +101,14 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
         "accuracy_tol relative to 1 + max|x|, so the trajectory is not accurate to that "
         "tolerance at this step size, whatever the monitored quantities say. Lower dt or "
         "use a higher-order method (geomjax.method_order)"
+    )
+    linear_solve_failed = (
+        "an iterative linear solve inside the step (conjugate gradients for the constraint "
+        "multipliers of a large sparse constraint graph) did not reach its tolerance within "
+        "its iteration limit: the constraint matrix G M⁻¹ Gᵀ is singular or nearly so at "
+        "this state (dependent constraints, or a mass near zero), or the step is too large "
+        "(lower dt). geomjax.rattle(..., structured=False) solves the same step densely, "
+        "for comparison"
     )
 
 

@@ -10,11 +10,16 @@ hidden velocity constraints). Everything the steps need, ∂H/∂q, ∂H/∂p, g
 comes from autodiff of the user's `hamiltonian` and `holonomic` functions; multipliers
 come from Newton's method (`geomjax.Newton`), so derivatives of a step are exact (implicit function theorem).
 
-Many constraints that each couple a few neighbouring bodies (a chain) make the Newton
-matrix G(q₁)M⁻¹G(q)ᵀ and the projection matrix G M⁻¹Gᵀ tridiagonal. That pattern is read
-off the jaxpr of the residuals at trace time (`geomjax.internal.sparsity`); the matrices
-then come from three Jacobian-vector products with coloured seeds instead of k, and are
-solved in O(k) (`geomjax._solve.banded`). Other patterns keep the dense path.
+Many constraints that each couple a few neighbouring bodies make the Newton matrix
+G(q₁)M⁻¹G(q)ᵀ and the projection matrix G M⁻¹Gᵀ sparse. Their pattern is read off the
+jaxpr of the residuals at trace time (`geomjax.internal.sparsity`). A chain makes them
+tridiagonal: they then come from three Jacobian-vector products with coloured seeds
+instead of k, and are solved in O(k) (`geomjax._solve.banded`). Any other sparse graph (a
+cloth, a tree, a ring, a molecule) of at least `KRYLOV_MIN_CONSTRAINTS` constraints is
+solved matrix-free (`geomjax._solve.krylov`): conjugate gradients on G M⁻¹Gᵀ with
+products by `jax.vjp`/`jax.jvp` (O(nnz) each), a Jacobi preconditioner read off a few
+coloured products, and a chord iteration for the position constraints; nothing of size
+k × k is formed. Small or dense patterns keep the dense path.
 """
 
 import equinox as eqx
@@ -23,8 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
+from .._solve.krylov import GramPlan, chord_solve, pcg, spd_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
+from .._status import RESULTS
 from ..internal.simplify import scalar_graph
 from .base import SystemStep, newton_status
 from .._system.system import HolonomicSystem, System
@@ -59,14 +66,15 @@ class _Mechanics(eqx.Module):
         return jax.jvp(self.g, (q,), (v,))[1]
 
 
-def _momentum_projection(mech: _Mechanics, q1, p_free, h, structured: bool = False):
+def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     """The RATTLE velocity stage: μ such that p₁ = p_free − (h/2)G(q₁)ᵀμ satisfies the hidden
-    constraint G(q₁)∂H/∂p(q₁, p₁) = 0.
+    constraint G(q₁)∂H/∂p(q₁, p₁) = 0. Returns `(p₁, converged)`.
 
     For a kinetic energy quadratic in p the residual is affine in μ, so one linear solve
     (A μ = −r(0) with A = ∂r/∂μ = −(h/2)G M⁻¹Gᵀ by forward mode) is exact; no iteration is
-    needed. With `structured`, when A is structurally tridiagonal (`_structure`), A comes
-    from three forward products with coloured seeds and a tridiagonal solve.
+    needed. `plan` (`_structure`): with a `TridiagonalJacobian`, A comes from three forward
+    products with coloured seeds and a tridiagonal solve; with a `GramPlan`, conjugate
+    gradients on −A, products by forward mode, never formed (`converged` is PCG's).
     """
     _, transpose = mech.g_and_transpose(q1)
 
@@ -78,24 +86,36 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, structured: bool = Fal
 
     k = mech.g(q1).shape[0]
     zero = jnp.zeros((k,), p_free.dtype)
-    plan = _structure(residual, zero) if structured else None
+    done = jnp.asarray(True)
+    if isinstance(plan, GramPlan):
+        r0, linear = jax.linearize(residual, zero)
+        positive = lambda v: -linear(v)  # (h/2) G M⁻¹Gᵀ: symmetric positive definite
+        mu, ok = spd_solve(positive, r0, 1.0 / plan.diagonal(positive, zero.dtype))
+        return momentum(mu), ok
     if plan is not None:
         r0, linear = jax.linearize(residual, zero)
-        return momentum(-plan.solve(plan.of_linear(linear, zero.dtype), r0))
+        return momentum(-plan.solve(plan.of_linear(linear, zero.dtype), r0)), done
     r0 = residual(zero)
     a = jax.jacfwd(residual)(zero)
     mu = -small_solve(a, r0)
-    return momentum(mu)
+    return momentum(mu), done
 
 
-def _structure(residual, zero):
-    """A `TridiagonalJacobian` for the k × k Jacobian of `residual` (flat, k = zero.size)
-    when its structural pattern, read off the jaxpr at trace time, is tridiagonal and k
-    exceeds the sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`); else None."""
+def _structure(residual, zero, krylov=None):
+    """A plan for the k × k Jacobian of `residual` (flat, k = zero.size), from its structural
+    pattern read off the jaxpr at trace time: a `TridiagonalJacobian` when it is
+    tridiagonal and k exceeds the sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`); else a
+    `GramPlan` (matrix-free conjugate gradients) when it is sparse and k is at least
+    `KRYLOV_MIN_CONSTRAINTS` (any k ≥ 1 with `krylov=True`; never with `krylov=False`);
+    else None (dense)."""
     k = zero.shape[0]
-    if k <= _SIMPLIFIED_CONSTRAINTS:
+    if krylov is not True and k <= _SIMPLIFIED_CONSTRAINTS:
         return None
-    return TridiagonalJacobian.of(residual, k, zero.dtype)
+    if krylov is not True:
+        plan = TridiagonalJacobian.of(residual, k, zero.dtype)
+        if plan is not None or krylov is False or k < KRYLOV_MIN_CONSTRAINTS:
+            return plan
+    return GramPlan.of(residual, k, zero.dtype)
 
 
 class Rattle(SystemStep):
@@ -108,7 +128,7 @@ class Rattle(SystemStep):
     separable: bool = eqx.field(static=True)
     velocity_projection: bool = eqx.field(static=True)
     newton: Newton
-    structured: bool = eqx.field(static=True, default=True)
+    structured: bool | str = eqx.field(static=True, default=True)
 
     @property
     def _mech(self):
@@ -120,16 +140,29 @@ class Rattle(SystemStep):
     def _solve(self, fn, guess):
         return self.newton.solve(fn, guess)
 
-    def _structure(self, residual, zero):
-        if not self.structured or self.newton.backend != "unrolled":
+    def _plan(self, q, p, h):
+        """The trace-time plan (`_structure`) for the k × k matrices of this step, G(q₁)M⁻¹G(q)ᵀ
+        and G M⁻¹Gᵀ (one sparsity pattern), or None for the dense path."""
+        if not self.structured:
             return None
-        return _structure(residual, zero)
+        mech = self._mech
+
+        def probe(nu):
+            # ν ↦ g(q + h∂H/∂p(q, p − G(q)ᵀν)): its Jacobian has the pattern of G M⁻¹Gᵀ. The
+            # reverse pass of g is taken inside, so index arrays the constraints gather with
+            # are constants of the traced graph, which the analysis reads (taken outside,
+            # they would be values of the enclosing trace, and read as dense).
+            _, pullback = jax.vjp(mech.g, q)
+            return mech.g(q + h * mech.dh_dp(q, p - pullback(nu)[0]))
+
+        zero = jnp.zeros(jax.eval_shape(mech.g, q).shape, p.dtype)
+        return _structure(probe, zero, _KRYLOV_CHOICE[self.structured])
 
     # The unknown multiplier is scaled as ν = (h²/2)λ, a displacement: ∂q₁/∂ν = −M⁻¹Gᵀ is
     # O(1), so Newton's update test |Δν| ≤ atol + rtol|ν| is meaningful at any h (in λ
     # itself round-off in g(q₁) is amplified by 1/h²).
 
-    def _position_stage_separable(self, q, p, h):
+    def _position_stage_separable(self, q, p, h, plan):
         """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k unknowns)."""
         mech = self._mech
         kick = p - 0.5 * h * mech.dh_dq(q, p)
@@ -141,7 +174,21 @@ class Rattle(SystemStep):
 
         # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine.
         zero = jnp.zeros_like(g0)
-        plan = self._structure(lambda nu: mech.g(advance(nu)[0]), zero)
+        if isinstance(plan, GramPlan):
+            # A sparse graph: ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by conjugate gradients
+            # (never formed), products by one jvp and one vjp of g.
+            q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
+            _, g_lin = jax.linearize(mech.g, q)
+            gram = lambda v: -g_lin(shift(v))  # G M⁻¹Gᵀ v (shift = −M⁻¹Gᵀ)
+            inv_diag = 1.0 / plan.diagonal(gram, zero.dtype)
+
+            def chord_step(r, rtol):
+                x, ok, _ = pcg(gram, r, inv_diag, rtol=rtol)
+                return -x, ok
+
+            res = chord_solve(lambda nu: mech.g(q_free + shift(nu)), zero, chord_step, self.newton)
+            q1, p_half = advance(res.value)
+            return q1, p_half, res
         if plan is not None:
             # The Newton matrix G(q₁)D = −G(q₁)M⁻¹G(q)ᵀ is tridiagonal (a chain): D stays a
             # linear map, and each iteration takes three jvps of g (coloured seeds) and a
@@ -190,18 +237,21 @@ class Rattle(SystemStep):
     def _advance(self, z, h):
         q, p = z
         mech = self._mech
+        plan = self._plan(q, p, h)
         if self.separable:
-            q1, p_half, res = self._position_stage_separable(q, p, h)
+            q1, p_half, res = self._position_stage_separable(q, p, h, plan if self.newton.backend == "unrolled" else None)
         else:
             q1, p_half, res = self._position_stage_general(q, p, h)
         p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
+        linear_ok = jnp.asarray(True)
         if self.velocity_projection:
-            p1 = _momentum_projection(mech, q1, p_free, h, self.structured)
+            p1, linear_ok = _momentum_projection(mech, q1, p_free, h, plan)
         else:
             # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
             nu = res.value if self.separable else res.value[2]
             p1 = p_free - mech.g_and_transpose(q1)[1](nu) / h
-        return (q1, p1), newton_status(res.converged)
+        status = RESULTS.where(linear_ok, newton_status(res.converged), RESULTS.linear_solve_failed)
+        return (q1, p1), status
 
 
 #: Newton iterations RATTLE and SHAKE write out by default, before the convergence check;
@@ -215,6 +265,13 @@ RATTLE_ITERATIONS = 2
 
 #: The most constraints for which a RATTLE step goes through the simplification pass.
 _SIMPLIFIED_CONSTRAINTS = 2
+#: The fewest constraints for which a sparse pattern that is not a chain is solved
+#: matrix-free (`geomjax._solve.krylov`) rather than densely; measured on the cloth, ring
+#: and tree in benchmarks/constraint_scaling.py.
+KRYLOV_MIN_CONSTRAINTS = 16
+# `structured` → the `krylov` argument of `_structure`: True = automatic, "krylov" = always
+# matrix-free where the pattern is sparse.
+_KRYLOV_CHOICE = {True: None, "krylov": True}
 
 
 def _rattle_newton(newton, rtol, atol, max_iter, separable=True):
@@ -306,7 +363,7 @@ def rattle(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int | None = None,
-    structured: bool = True,
+    structured: bool | str = True,
 ) -> Rattle:
     """The RATTLE method (Andersen 1983) for holonomic constraints, derived by autodiff.
 
@@ -351,8 +408,14 @@ def rattle(
       G M⁻¹Gᵀ is read off the jaxpr of g and H at trace time, and when it is tridiagonal
       (a chain: each constraint couples neighbouring bodies) and k > 2 these matrices come
       from three Jacobian-vector products with coloured seeds and are solved in O(k)
-      (`geomjax._solve.banded`). `False` keeps the dense path (k forward products and a
-      dense solve), e.g. for comparisons. Same iterations, tests and statuses either way.
+      (`geomjax._solve.banded`). Any other sparse pattern with k ≥ 16 (a cloth, a tree, a
+      ring, a molecule) is solved matrix-free: conjugate gradients on G M⁻¹Gᵀ with a
+      Jacobi preconditioner, a chord iteration for λ (`geomjax._solve.krylov`), cost and
+      memory O(nnz) per iteration, never a k × k matrix; a conjugate-gradient solve that
+      does not converge gives `RESULTS.linear_solve_failed`. `"krylov"` asks for that
+      path at any k where the pattern is sparse. `False` keeps the dense path (k forward
+      products and a dense solve), e.g. for comparisons. The same equations and tests
+      either way: the results agree to round-off.
 
     **Returns:**
 
@@ -369,7 +432,7 @@ def rattle(
     """
     _require_holonomic(system, "rattle")
     newton = _rattle_newton(newton, rtol, atol, max_iter, separable)
-    return Rattle(system, bool(separable), True, newton, bool(structured))
+    return Rattle(system, bool(separable), True, newton, _as_structured(structured))
 
 
 def shake(
@@ -379,7 +442,7 @@ def shake(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int | None = None,
-    structured: bool = True,
+    structured: bool | str = True,
 ) -> Rattle:
     """The SHAKE method (Ryckaert, Ciccotti & Berendsen 1977) as a one-step map on (q, p).
 
@@ -399,8 +462,9 @@ def shake(
 
     - `system`: a `geomjax.System` with `holonomic=g` and a constant mass matrix.
     - `newton`, `rtol`, `atol`, `max_iter`: Newton settings for λ, as for `geomjax.rattle`.
-    - `structured`: use a tridiagonal Newton matrix where the constraints' structure gives
-      one, as for `geomjax.rattle`.
+    - `structured`: use the constraints' structure (a tridiagonal Newton matrix for a
+      chain, matrix-free conjugate gradients for other sparse graphs), as for
+      `geomjax.rattle`.
 
     **Returns:**
 
@@ -414,4 +478,12 @@ def shake(
     ```
     """
     _require_holonomic(system, "shake")
-    return Rattle(system, True, False, _rattle_newton(newton, rtol, atol, max_iter), bool(structured))
+    return Rattle(system, True, False, _rattle_newton(newton, rtol, atol, max_iter), _as_structured(structured))
+
+
+def _as_structured(structured):
+    if isinstance(structured, str):
+        if structured != "krylov":
+            raise ValueError(f"structured must be True, False or 'krylov', got {structured!r}")
+        return structured
+    return bool(structured)

@@ -1,0 +1,219 @@
+"""Matrix-free solves for the multipliers of large sparse constraint graphs.
+
+RATTLE and SHAKE on a constraint graph that is not a chain (a cloth of rods, a tree, a
+ring, a molecule) solve, every step, linear systems with the matrix A = G M⁻¹ Gᵀ
+(G = Dg, m × n, a few nonzeros per row): m × m and as sparse as the graph, but a dense
+factorization costs O(m³) and its storage O(m²). Here A is never formed. A product
+A v = G(M⁻¹ Gᵀ v) is one reverse and one forward pass through the user's constraint
+function (`jax.vjp`, `jax.jvp`): O(nnz). The solves are
+
+- **preconditioned conjugate gradients** (`pcg`) for the symmetric positive definite
+  A, with the Jacobi preconditioner diag(A)⁻¹. The diagonal comes from c products with
+  coloured seeds (`GramPlan`): the structural pattern of A is read off the jaxpr at trace
+  time (`geomjax.internal.sparsity`) and its graph coloured (i and j differ in colour
+  where A_ij may be nonzero); row i of A·(Σ_{colour c} e_j) is then A_ii for the colour
+  c of i. The number of colours does not grow with the size of a cloth, tree or ring.
+- the **chord iteration** (`chord_solve`) for the nonlinear position constraint
+  g(q₁(ν)) = 0: ν ← ν + A₀⁻¹ g(q₁(ν)) with A₀ = G(q) M⁻¹ G(q)ᵀ fixed over the step (the
+  exact Jacobian G(q₁) M⁻¹ G(q)ᵀ is not symmetric, and differs from −A₀ by O(h)), each
+  correction by PCG to a loose relative tolerance (an inexact Newton method: the outer
+  test decides convergence).
+
+Derivatives never go through the iterations. The position multipliers are the root of
+g(q₁(ν)) = 0, differentiated by the implicit function theorem (`jax.lax.custom_root`);
+its tangent system with the exact Jacobian J = G(q₁)M⁻¹G(q)ᵀ is solved by the same
+chord-preconditioned iteration (x ← x − A₀⁻¹(J x − b)), wrapped in
+`jax.lax.custom_linear_solve` with its transpose, so reverse mode solves Jᵀ. The velocity
+multipliers are a `custom_linear_solve` with the symmetric A. Each iteration that does not
+reach its tolerance within its limit makes the step report `RESULTS.linear_solve_failed`
+(PCG) or `RESULTS.newton_failed` (chord), never a success.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..internal.sparsity import Pattern
+from .newton import NewtonResult
+
+#: Relative tolerance of each PCG correction inside the chord iteration (the outer update
+#: test decides convergence; a looser inner solve costs more outer iterations, each of
+#: which evaluates g once). Measured on the cloth (benchmarks/constraint_scaling.py).
+INNER_RTOL = 1e-3
+#: Relative tolerance (2-norm of the residual over that of the right-hand side) of the
+#: solves that must be exact: the velocity multipliers and the tangent solves.
+EXACT_RTOL = 1e-14
+#: A pattern qualifies for the matrix-free path when its colouring needs at most this
+#: fraction of its size in products (else the matrix is too dense for it to pay).
+MAX_COLOR_FRACTION = 0.25
+
+
+class GramPlan(eqx.Module):
+    """Trace-time facts about a sparse symmetric m × m matrix A = G M⁻¹ Gᵀ: colour seeds
+    (c, m) that read its diagonal off c products. Build with `GramPlan.of`.
+
+    Example:
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> from geomjax._solve.krylov import GramPlan, pcg
+    >>> m = 51  # an odd ring's Laplacian plus the identity: three nonzeros a row
+    >>> apply = lambda v: 3.0 * v - jnp.roll(v, 1) - jnp.roll(v, -1)
+    >>> plan = GramPlan.of(apply, m)
+    >>> plan.seeds.shape  # three colours, whatever m (an even ring needs two)
+    (3, 51)
+    >>> bool(jnp.allclose(plan.diagonal(apply, jnp.float64), 3.0))
+    True
+    >>> b = jnp.sin(jnp.arange(m, dtype=float))
+    >>> x, ok, steps = pcg(apply, b, 1.0 / plan.diagonal(apply, jnp.float64), rtol=1e-14)
+    >>> bool(ok), bool(jnp.max(jnp.abs(apply(x) - b)) < 1e-12)
+    (True, True)
+
+    ```
+    """
+
+    seeds: np.ndarray
+
+    @classmethod
+    def from_pattern(cls, pattern: Pattern) -> "GramPlan | None":
+        """The plan for a square sparse `pattern`, or None where it has dense rows or needs
+        more than `MAX_COLOR_FRACTION` of its size in colours."""
+        m = pattern.size
+        if m == 0 or pattern.n != m or pattern.full.any():
+            return None
+        colors = pattern.symmetric_coloring()
+        n_colors = int(colors.max()) + 1
+        if n_colors > MAX_COLOR_FRACTION * m:
+            return None
+        seeds = np.zeros((n_colors, m))
+        seeds[colors, np.arange(m)] = 1.0
+        return cls(seeds)
+
+    @classmethod
+    def of(cls, linear, m: int, dtype=np.float64) -> "GramPlan | None":
+        """The plan for the linear map `linear: R^m → R^m`, from its structural pattern."""
+        from ..internal.sparsity import jacobian_sparsity
+
+        try:
+            pattern = jacobian_sparsity(linear, m, dtype)
+        except Exception:  # an analysis that cannot trace: no plan
+            return None
+        return cls.from_pattern(pattern)
+
+    def diagonal(self, linear, dtype):
+        """diag(A) for the linear map `linear` (x ↦ A x) with this pattern: c products."""
+        seeds = jnp.asarray(self.seeds, dtype)
+        return jnp.sum(jax.vmap(linear)(seeds) * seeds, axis=0)
+
+
+def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = None):
+    """Conjugate gradients for A x = b (A symmetric positive definite, given by `apply`),
+    preconditioned by the diagonal `inv_diag` ≈ diag(A)⁻¹.
+
+    Stops when ‖b − A x‖₂ ≤ rtol·‖b‖₂ (a zero b gives x = 0 at once) or after `max_steps`
+    iterations (default 10·m + 50). Returns `(x, converged, steps)`; `converged` is False
+    when the limit was reached or a value is not finite.
+    """
+    m = b.shape[0]
+    limit = 10 * m + 50 if max_steps is None else max_steps
+    x = jnp.zeros_like(b) if x0 is None else x0
+    r = b - apply(x) if x0 is not None else b
+    z = inv_diag * r
+    target = (rtol * jnp.linalg.norm(b)) ** 2
+
+    def cond(carry):
+        _, r, _, _, rr, k = carry
+        return (rr > target) & (k < limit) & jnp.isfinite(rr)
+
+    def body(carry):
+        x, r, z, d, _, k = carry
+        ad = apply(d)
+        rz = jnp.vdot(r, z)
+        alpha = rz / jnp.vdot(d, ad)
+        x = x + alpha * d
+        r = r - alpha * ad
+        z_new = inv_diag * r
+        beta = jnp.vdot(r, z_new) / rz
+        return x, r, z_new, z_new + beta * d, jnp.vdot(r, r), k + 1
+
+    x, r, _, _, rr, k = lax.while_loop(cond, body, (x, r, z, z, jnp.vdot(r, r), jnp.asarray(0)))
+    ok = (rr <= target) & jnp.all(jnp.isfinite(x))
+    return x, ok, k
+
+
+def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):
+    """x = A⁻¹b for symmetric positive definite A (`apply`) by `pcg`, differentiable by the
+    implicit function theorem (`jax.lax.custom_linear_solve`, symmetric). Returns
+    `(x, converged)`."""
+
+    def solve(matvec, rhs):
+        x, ok, _ = pcg(matvec, rhs, inv_diag, rtol=rtol)
+        return x, ok
+
+    x, ok = lax.custom_linear_solve(apply, b, solve, symmetric=True, has_aux=True)
+    return x, lax.stop_gradient(ok)
+
+
+def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):
+    """x with J x = b by the iteration x ← x − A₀⁻¹(J x − b), where `apply_j0_inv` applies
+    an approximation A₀⁻¹ of J⁻¹ (symmetric). Returns (x, converged)."""
+
+    def cond(carry):
+        _, k, done, _ = carry
+        return (k < newton.max_steps) & ~done
+
+    def body(carry):
+        x, k, _, _ = carry
+        dx, inner_ok = apply_j0_inv(apply_j(x) - b, EXACT_RTOL)
+        x = x - dx
+        small = newton.small(dx, x)
+        finite = jnp.all(jnp.isfinite(x))
+        return x, k + 1, (small & inner_ok) | ~finite, small & inner_ok & finite
+
+    x0, inner_ok = apply_j0_inv(b, EXACT_RTOL)
+    x, _, _, ok = lax.while_loop(cond, body, (x0, jnp.asarray(0), jnp.asarray(False), inner_ok))
+    return x, ok
+
+
+def chord_solve(residual, guess, apply_j0_inv, newton) -> NewtonResult:
+    """The root ν of `residual(ν) = 0` (flat, m unknowns) by the chord iteration
+    ν ← ν − A₀⁻¹ residual(ν), with `apply_j0_inv(r, rtol) -> (x, ok)` an inexact solve with a
+    fixed approximation A₀ of the Jacobian; stops on Newton's update test (`newton.small`)
+    or after `newton.max_steps` iterations.
+
+    Differentiable by the implicit function theorem: tangents solve with the exact Jacobian
+    (`jax.lax.custom_root`), by `_chord_linear` inside `jax.lax.custom_linear_solve`.
+    """
+
+    def solve(fn, y0):
+        def cond(carry):
+            _, k, done, _ = carry
+            return (k < newton.max_steps) & ~done
+
+        def body(carry):
+            y, k, _, _ = carry
+            dy, inner_ok = apply_j0_inv(fn(y), INNER_RTOL)
+            y = y - dy
+            small = newton.small(dy, y)
+            finite = jnp.all(jnp.isfinite(y))
+            return y, k + 1, small | ~finite, small & finite
+
+        y, k, _, ok = lax.while_loop(cond, body, (y0, jnp.asarray(0), jnp.asarray(False), jnp.asarray(False)))
+        return y, jnp.stack([ok, k]).astype(y.dtype)
+
+    def tangent_solve(lin, b):
+        def forward(matvec, rhs):
+            return _chord_linear(matvec, apply_j0_inv, rhs, newton)
+
+        def backward(matvec_t, rhs):
+            return _chord_linear(matvec_t, apply_j0_inv, rhs, newton)
+
+        x, _ = lax.custom_linear_solve(lin, b, forward, backward, has_aux=True)
+        return x
+
+    y, aux = lax.custom_root(residual, guess, solve, tangent_solve, has_aux=True)
+    aux = lax.stop_gradient(aux)
+    return NewtonResult(y, aux[0] > 0.5, aux[1].astype(jnp.int32))
