@@ -155,7 +155,7 @@ class Rattle(SystemStep):
             _, pullback = jax.vjp(mech.g, q)
             return mech.g(q + h * mech.dh_dp(q, p - pullback(nu)[0]))
 
-        zero = jnp.zeros(jax.eval_shape(mech.g, q).shape, p.dtype)
+        zero = jnp.zeros(jax.eval_shape(lambda qq: mech.g(qq), q).shape, p.dtype)
         return _structure(probe, zero, _KRYLOV_CHOICE[self.structured])
 
     # The unknown multiplier is scaled as ν = (h²/2)λ, a displacement: ∂q₁/∂ν = −M⁻¹Gᵀ is
@@ -291,6 +291,12 @@ def _require_holonomic(system, name):
         )
 
 
+#: Above this many coordinates the start checks take products instead of dense Jacobians
+#: (an n × n or k × n matrix, and the SVD of G M⁻¹Gᵀ, grow like n²–n³: a 64 × 64 cloth has
+#: 8192 coordinates and 8066 constraints).
+_DENSE_START_CHECK = 512
+
+
 @eqx.filter_jit
 def _start_quantities(system: System, x0):
     """Everything `check_holonomic_start` inspects, computed in one compiled call."""
@@ -306,21 +312,33 @@ def _start_quantities(system: System, x0):
     curvature = jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (scale * probe,))[1]
     # Probe away from x0 as well: at special points (p = 0, symmetric q) the mixed
     # derivative of ½pᵀM(q)⁻¹p can vanish although M depends on q.
-    mixed = [
-        jax.jacfwd(lambda qv: mech.dh_dp(qv, p + scale * probe))(qq)
-        for qq in (q, q + 0.25 * (1.0 + jnp.max(jnp.abs(q))) * shift)
-    ]
-    jac = jax.jacfwd(mech.g)(q)
-    minv = jax.jacfwd(lambda pp: mech.dh_dp(q, pp))(p)
-    return dict(
-        g=mech.g(q),
-        gdot=mech.g_dot(q, v0),
-        linear_gap=v1 - v0 - curvature,
-        linear_scale=jnp.max(jnp.abs(curvature)),
-        mixed=jnp.max(jnp.abs(jnp.stack(mixed))),
-        scale=scale,
-        gram=jac @ minv @ jac.T,
-    )
+    points = (q, q + 0.25 * (1.0 + jnp.max(jnp.abs(q))) * shift)
+    out = dict(g=mech.g(q), gdot=mech.g_dot(q, v0), linear_gap=v1 - v0 - curvature,
+               linear_scale=jnp.max(jnp.abs(curvature)), scale=scale)
+    if n <= _DENSE_START_CHECK:
+        mixed = [jax.jacfwd(lambda qv: mech.dh_dp(qv, p + scale * probe))(qq) for qq in points]
+        jac = jax.jacfwd(mech.g)(q)
+        minv = jax.jacfwd(lambda pp: mech.dh_dp(q, pp))(p)
+        out.update(mixed=jnp.max(jnp.abs(jnp.stack(mixed))), gram=jac @ minv @ jac.T)
+    else:
+        # Products only: ∂/∂q(∂H/∂p) along two generic directions, and the independence of
+        # the constraints by conjugate gradients on G M⁻¹Gᵀ with a generic right-hand side
+        # (a singular matrix leaves a residual in its null space that CG cannot remove).
+        mixed = [jax.jvp(lambda qv: mech.dh_dp(qv, p + scale * probe), (qq,), (d,))[1]
+                 for qq in points for d in (shift, probe)]
+        _, pullback = jax.vjp(mech.g, q)
+        _, g_lin = jax.linearize(mech.g, q)
+        gram = lambda v: g_lin(jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (pullback(v)[0],))[1])
+        k = out["g"].shape[0]
+        rhs = jnp.cos(0.3 + 1.7 * jnp.arange(k, dtype=p.dtype))
+        _, ok, steps = pcg(gram, rhs, jnp.ones_like(rhs), rtol=_INDEPENDENCE_RTOL)
+        out.update(mixed=jnp.max(jnp.abs(jnp.stack(mixed))), gram_solved=ok, gram_steps=steps)
+    return out
+
+
+#: The relative residual conjugate gradients must reach on G M⁻¹Gᵀ x = b for the start check
+#: of a large system to call the constraints independent.
+_INDEPENDENCE_RTOL = 1e-6
 
 
 def check_holonomic_start(system: System, x0, *, need_separable: bool = False):
@@ -328,7 +346,9 @@ def check_holonomic_start(system: System, x0, *, need_separable: bool = False):
 
     Checks: H is quadratic in p (a mass-matrix kinetic energy); with `need_separable`,
     ∂²H/∂q∂p = 0 (a constant mass matrix); and G M⁻¹ Gᵀ is invertible (independent
-    constraints). Whether x0 lies on S is checked by `geomjax.integrate` (`start_tol`).
+    constraints): by its singular values up to `_DENSE_START_CHECK` coordinates, above by
+    conjugate gradients on it (products only, nothing of size k × k). Whether x0 lies on S
+    is checked by `geomjax.integrate` (`start_tol`).
     """
     x0 = as_state(x0, system.dim)
     info = {k: np.asarray(v) for k, v in _start_quantities(system, x0).items()}
@@ -347,6 +367,16 @@ def check_holonomic_start(system: System, x0, *, need_separable: bool = False):
             "separable=False), the implicit generalised-leapfrog RATTLE"
         )
     # Independence of the constraints: G M⁻¹ Gᵀ must be invertible.
+    if "gram" not in info:
+        if not bool(info["gram_solved"]):
+            raise ValueError(
+                f"the constraints are not independent at q0: conjugate gradients on G M⁻¹ Gᵀ "
+                f"({g.shape[0]} constraints) did not reach a relative residual of "
+                f"{_INDEPENDENCE_RTOL:g} in {int(info['gram_steps'])} iterations, so the matrix is "
+                "singular or nearly so and the multipliers are not determined (a repeated "
+                "constraint, a closed loop of rods pulled straight, a pin on a pinned particle)"
+            )
+        return
     sv = np.linalg.svd(info["gram"], compute_uv=False)
     if not np.all(np.isfinite(sv)) or sv[-1] <= 1e-12 * max(sv[0], 1.0):
         raise ValueError(
