@@ -45,6 +45,10 @@ INNER_RTOL = 1e-3
 #: Relative tolerance (2-norm of the residual over that of the right-hand side) of the
 #: solves that must be exact: the velocity multipliers and the tangent solves.
 EXACT_RTOL = 1e-14
+#: The relative true residual ‖b − A x‖/‖b‖ that `pcg` checks after its loop (at least 100×
+#: its own tolerance): far above round-off for the condition numbers of rod networks
+#: (ε·κ ≈ 1e−11 at κ = 1e5), far below what a broken-down iteration leaves.
+_TRUE_RESIDUAL_RTOL = 1e-8
 #: A pattern qualifies for the matrix-free path when its colouring needs at most this
 #: fraction of its size in products (else the matrix is too dense for it to pay).
 MAX_COLOR_FRACTION = 0.25
@@ -140,7 +144,10 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
         return x, r, z_new, z_new + beta * d, jnp.vdot(r, r), k + 1
 
     x, r, _, _, rr, k = lax.while_loop(cond, body, (x, r, z, z, jnp.vdot(r, r), jnp.asarray(0)))
-    ok = (rr <= target) & jnp.all(jnp.isfinite(x))
+    # The recursive residual can fall while the iterate is garbage (a singular A with an
+    # inconsistent b breaks CG down): the true residual, at a tolerance round-off allows.
+    true = jnp.linalg.norm(b - apply(x)) <= max(100.0 * rtol, _TRUE_RESIDUAL_RTOL) * jnp.linalg.norm(b)
+    ok = (rr <= target) & true & jnp.all(jnp.isfinite(x))
     return x, ok, k
 
 
@@ -162,58 +169,74 @@ def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):
     an approximation A₀⁻¹ of J⁻¹ (symmetric). Returns (x, converged)."""
 
     def cond(carry):
-        _, k, done, _ = carry
+        _, k, done, _, _ = carry
         return (k < newton.max_steps) & ~done
 
     def body(carry):
-        x, k, _, _ = carry
+        x, k, _, _, last = carry
         dx, inner_ok = apply_j0_inv(apply_j(x) - b, EXACT_RTOL)
         x = x - dx
-        small = newton.small(dx, x)
-        finite = jnp.all(jnp.isfinite(x))
-        return x, k + 1, (small & inner_ok) | ~finite, small & inner_ok & finite
+        size = jnp.max(jnp.abs(dx))
+        good = newton.small(dx, x) & _contracting(size, last) & inner_ok & jnp.all(jnp.isfinite(x))
+        return x, k + 1, good | ~jnp.all(jnp.isfinite(x)), good, size
 
     x0, inner_ok = apply_j0_inv(b, EXACT_RTOL)
-    x, _, _, ok = lax.while_loop(cond, body, (x0, jnp.asarray(0), jnp.asarray(False), inner_ok))
+    start = (x0, jnp.asarray(0), jnp.asarray(False), inner_ok, jnp.max(jnp.abs(x0)))
+    x, _, _, ok, _ = lax.while_loop(cond, body, start)
     return x, ok
 
 
-def chord_solve(residual, guess, apply_j0_inv, newton) -> NewtonResult:
+def _contracting(size, last):
+    """The update test is trusted only while the iteration contracts: an update no larger
+    than the one before (the test |Δ| ≤ atol + rtol|ν| is relative, and an iteration that
+    diverges makes |ν| large enough to pass it)."""
+    return size <= last
+
+
+def chord_solve(residual, guess, apply_j0_inv, newton, inv_diag):
     """The root ν of `residual(ν) = 0` (flat, m unknowns) by the chord iteration
     ν ← ν − A₀⁻¹ residual(ν), with `apply_j0_inv(r, rtol) -> (x, ok)` an inexact solve with a
     fixed approximation A₀ of the Jacobian; stops on Newton's update test (`newton.small`)
-    or after `newton.max_steps` iterations.
+    or after `newton.max_steps` iterations. The root found is then checked: the correction
+    its residual asks for, estimated by the Jacobi approximation `inv_diag` ≈ diag(A₀)⁻¹,
+    must be within 10× the update test (an iteration that ran off, e.g. on a singular A₀
+    whose solves stayed within their loose tolerance, passes the relative update test at
+    a huge ν, not this one).
 
+    Returns `(NewtonResult, linear_ok)`: `linear_ok` is False when the last inner solve did
+    not reach its tolerance (so a failure is the linear solve's, not the iteration's).
     Differentiable by the implicit function theorem: tangents solve with the exact Jacobian
     (`jax.lax.custom_root`), by `_chord_linear` inside `jax.lax.custom_linear_solve`.
     """
 
     def solve(fn, y0):
         def cond(carry):
-            _, k, done, _ = carry
+            _, k, done, _, _, _ = carry
             return (k < newton.max_steps) & ~done
 
         def body(carry):
-            y, k, _, _ = carry
+            y, k, _, _, _, last = carry
             dy, inner_ok = apply_j0_inv(fn(y), INNER_RTOL)
             y = y - dy
-            small = newton.small(dy, y)
+            size = jnp.max(jnp.abs(dy))
+            small = newton.small(dy, y) & _contracting(size, last)
             finite = jnp.all(jnp.isfinite(y))
-            return y, k + 1, small | ~finite, small & finite
+            return y, k + 1, small | ~finite, small & finite, inner_ok, size
 
-        y, k, _, ok = lax.while_loop(cond, body, (y0, jnp.asarray(0), jnp.asarray(False), jnp.asarray(False)))
-        return y, jnp.stack([ok, k]).astype(y.dtype)
+        no = jnp.asarray(False)
+        inf = jnp.asarray(jnp.inf, y0.dtype)
+        y, k, _, ok, inner_ok, _ = lax.while_loop(cond, body, (y0, jnp.asarray(0), no, no, jnp.asarray(True), inf))
+        estimate = jnp.max(jnp.abs(inv_diag * fn(y)))
+        ok = ok & (estimate <= 10.0 * (newton.atol + newton.rtol * jnp.max(jnp.abs(y))))
+        return y, jnp.stack([ok, k, inner_ok]).astype(y.dtype)
 
     def tangent_solve(lin, b):
         def forward(matvec, rhs):
             return _chord_linear(matvec, apply_j0_inv, rhs, newton)
 
-        def backward(matvec_t, rhs):
-            return _chord_linear(matvec_t, apply_j0_inv, rhs, newton)
-
-        x, _ = lax.custom_linear_solve(lin, b, forward, backward, has_aux=True)
+        x, _ = lax.custom_linear_solve(lin, b, forward, forward, has_aux=True)
         return x
 
     y, aux = lax.custom_root(residual, guess, solve, tangent_solve, has_aux=True)
     aux = lax.stop_gradient(aux)
-    return NewtonResult(y, aux[0] > 0.5, aux[1].astype(jnp.int32))
+    return NewtonResult(y, aux[0] > 0.5, aux[1].astype(jnp.int32)), aux[2] > 0.5

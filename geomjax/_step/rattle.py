@@ -186,9 +186,12 @@ class Rattle(SystemStep):
                 x, ok, _ = pcg(gram, r, inv_diag, rtol=rtol)
                 return -x, ok
 
-            res = chord_solve(lambda nu: mech.g(q_free + shift(nu)), zero, chord_step, self.newton)
+            res, linear_ok = chord_solve(lambda nu: mech.g(q_free + shift(nu)), zero, chord_step, self.newton,
+                                         inv_diag)
             q1, p_half = advance(res.value)
-            return q1, p_half, res
+            # a failed iteration whose last correction did not converge is the linear solve's failure
+            res = eqx.tree_at(lambda r: r.converged, res, res.converged & linear_ok)
+            return q1, p_half, res, linear_ok
         if plan is not None:
             # The Newton matrix G(q₁)D = −G(q₁)M⁻¹G(q)ᵀ is tridiagonal (a chain): D stays a
             # linear map, and each iteration takes three jvps of g (coloured seeds) and a
@@ -196,14 +199,14 @@ class Rattle(SystemStep):
             q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
             res = self.newton.solve(lambda nu: mech.g(q_free + shift(nu)), zero, structure=plan)
             q1, p_half = advance(res.value)
-            return q1, p_half, res
+            return q1, p_half, res, True
         # Dense: D is computed once (k forward passes) and each Newton iteration only
         # evaluates g and its jvp.
         q_free = advance(zero)[0]
         cols = jax.vmap(lambda e: jax.jvp(lambda nu: advance(nu)[0], (zero,), (e,))[1])(jnp.eye(zero.shape[0], dtype=zero.dtype))
         res = self._solve(lambda nu: mech.g(q_free + nu @ cols), zero)
         q1, p_half = advance(res.value)
-        return q1, p_half, res
+        return q1, p_half, res, True
 
     def _position_stage_general(self, q, p, h):
         """The generalised leapfrog with constraint: unknowns (p½, q₁, ν), 2n + k of them."""
@@ -238,19 +241,23 @@ class Rattle(SystemStep):
         q, p = z
         mech = self._mech
         plan = self._plan(q, p, h)
+        position_ok = True
         if self.separable:
-            q1, p_half, res = self._position_stage_separable(q, p, h, plan if self.newton.backend == "unrolled" else None)
+            q1, p_half, res, position_ok = self._position_stage_separable(
+                q, p, h, plan if self.newton.backend == "unrolled" else None)
         else:
             q1, p_half, res = self._position_stage_general(q, p, h)
         p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
-        linear_ok = jnp.asarray(True)
+        linear_ok = jnp.asarray(position_ok)
         if self.velocity_projection:
-            p1, linear_ok = _momentum_projection(mech, q1, p_free, h, plan)
+            p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan)
+            linear_ok = linear_ok & velocity_ok
         else:
             # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
             nu = res.value if self.separable else res.value[2]
             p1 = p_free - mech.g_and_transpose(q1)[1](nu) / h
         status = RESULTS.where(linear_ok, newton_status(res.converged), RESULTS.linear_solve_failed)
+        status = RESULTS.where(jnp.asarray(position_ok), status, RESULTS.linear_solve_failed)
         return (q1, p1), status
 
 
@@ -298,8 +305,9 @@ _DENSE_START_CHECK = 512
 
 
 @eqx.filter_jit
-def _start_quantities(system: System, x0):
-    """Everything `check_holonomic_start` inspects, computed in one compiled call."""
+def _start_quantities(system: System, x0, dense: bool):
+    """Everything `check_holonomic_start` inspects, computed in one compiled call (`dense`:
+    with dense Jacobians, else by products)."""
     mech = _Mechanics(system)
     q, p = system.structure.split(x0)
     n = q.shape[0]
@@ -315,7 +323,7 @@ def _start_quantities(system: System, x0):
     points = (q, q + 0.25 * (1.0 + jnp.max(jnp.abs(q))) * shift)
     out = dict(g=mech.g(q), gdot=mech.g_dot(q, v0), linear_gap=v1 - v0 - curvature,
                linear_scale=jnp.max(jnp.abs(curvature)), scale=scale)
-    if n <= _DENSE_START_CHECK:
+    if dense:
         mixed = [jax.jacfwd(lambda qv: mech.dh_dp(qv, p + scale * probe))(qq) for qq in points]
         jac = jax.jacfwd(mech.g)(q)
         minv = jax.jacfwd(lambda pp: mech.dh_dp(q, pp))(p)
@@ -351,7 +359,8 @@ def check_holonomic_start(system: System, x0, *, need_separable: bool = False):
     is checked by `geomjax.integrate` (`start_tol`).
     """
     x0 = as_state(x0, system.dim)
-    info = {k: np.asarray(v) for k, v in _start_quantities(system, x0).items()}
+    dense = system.dim // 2 <= _DENSE_START_CHECK
+    info = {k: np.asarray(v) for k, v in _start_quantities(system, x0, dense).items()}
     g, gdot = info["g"], info["gdot"]
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(gdot))):
         raise ValueError("g(q0) or its velocity constraint is not finite at x0")

@@ -1,0 +1,259 @@
+"""Large sparse constraint graphs: sparsity through gathers, matrix-free RATTLE, the rod models."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import geomjax
+from geomjax._solve.krylov import GramPlan, pcg, spd_solve
+from geomjax._status import RESULTS
+from geomjax._step import rattle as rattle_module
+from geomjax.internal.sparsity import jacobian_sparsity
+from geomjax.models._rod_networks import RodConstraints, _Indices
+
+H = 0.005
+
+
+def _support(fn, n, rng, samples=3):
+    out = np.zeros((0, n), bool)
+    for _ in range(samples):
+        jac = np.asarray(jax.jacfwd(fn)(jnp.asarray(rng.normal(size=n)))) != 0
+        out = jac if out.size == 0 else out | jac
+    return out
+
+
+def _positions(model):
+    return model.x0[: model.system.dim // 2]
+
+
+# --------------------------------------------------------------------------- sparsity
+@pytest.mark.parametrize("name", ["cloth", "rod_tree", "rod_ring", "water_box"])
+def test_edge_list_constraints_have_exact_sparse_patterns(name, rng):
+    """q[E[:, 0]] − q[E[:, 1]] (gathers) and its reverse pass (scatter-adds) read as sparse."""
+    model = getattr(geomjax.models, name)(3 if name != "rod_tree" else 12)
+    g, n = model.system.holonomic, model.system.dim // 2
+    pattern = jacobian_sparsity(g, n)
+    np.testing.assert_array_equal(pattern.dense(), _support(g, n, rng))
+    assert pattern.count().max() <= 6  # two particles in 3-D
+    q = jnp.asarray(rng.normal(size=n))  # a generic point (at the start some coordinates vanish)
+    m = g(q).shape[0]
+    transpose = jacobian_sparsity(lambda lam: jax.vjp(g, q)[1](lam)[0], m)  # scatter-add
+    np.testing.assert_array_equal(transpose.dense(), pattern.dense().T)
+
+
+def test_pattern_rules_for_indexing_are_sound(rng):
+    idx = np.array([3, 0, 3, 1])
+    cases = [
+        (lambda x: x[idx] * x[jnp.array([1, 1, 2, 0])], 4),
+        (lambda x: jnp.zeros(5).at[idx].add(x[:4] ** 2), 6),
+        (lambda x: jax.lax.dynamic_slice(x, (2,), (3,)) * 2.0, 6),
+        (lambda x: jax.lax.dynamic_update_slice(x, x[:2] ** 2, (3,)), 6),
+        (lambda x: jnp.pad(x.reshape(2, 3), ((1, 0), (0, 2)))[::-1].T.ravel(), 6),
+        (lambda x: jnp.zeros(4).at[jnp.array([0, 9])].set(x[:2], mode="drop"), 4),
+    ]
+    for fn, n in cases:
+        pat = jacobian_sparsity(fn, n).dense()
+        support = _support(fn, n, rng)
+        assert not (support & ~pat).any()  # sound
+        np.testing.assert_array_equal(pat, support)  # and exact for these
+
+
+def test_gather_with_traced_indices_is_dense():
+    def fn(x):
+        i = jnp.argmax(x).astype(jnp.int32)  # an index the analysis cannot know
+        return x[jnp.stack([i, 0])] * 1.0
+
+    assert jacobian_sparsity(fn, 4).dense()[0].all()
+
+
+def test_large_patterns_take_memory_of_their_nonzeros():
+    model = geomjax.models.cloth(60)  # 7080 rods + 4 pin rows over 7200 coordinates
+    pattern = jacobian_sparsity(model.system.holonomic, model.system.dim // 2)
+    assert pattern.idx.shape == (7084, 4) and not pattern.full.any()
+
+
+# --------------------------------------------------------------------------- Krylov pieces
+def test_pcg_and_spd_solve_against_dense(rng):
+    a = rng.normal(size=(30, 30))
+    a = a @ a.T + 30 * np.eye(30)
+    b = rng.normal(size=30)
+    apply = lambda v: jnp.asarray(a) @ v
+    x, ok, _ = pcg(apply, jnp.asarray(b), jnp.asarray(1 / np.diag(a)), rtol=1e-14)
+    assert ok and np.allclose(x, np.linalg.solve(a, b), rtol=1e-12, atol=1e-14)
+    # implicit derivatives of the solve, w.r.t. the right-hand side and the matrix
+    loss = lambda s: jnp.sum(spd_solve(lambda v: (jnp.asarray(a) + s * jnp.eye(30)) @ v, jnp.asarray(b) * s,
+                                        jnp.ones(30) / 30)[0] ** 2)
+    grad = jax.grad(loss)(1.0)
+    eps = 1e-6
+    assert abs(grad - (loss(1.0 + eps) - loss(1.0 - eps)) / (2 * eps)) < 1e-6 * abs(grad)
+
+
+def test_pcg_reports_a_singular_inconsistent_system():
+    a = jnp.asarray(np.diag([1.0, 2.0, 0.0]) + np.diag([0.0, 0.0], 1) + np.diag([0.0, 0.0], -1))
+    x, ok, steps = pcg(lambda v: a @ v, jnp.array([1.0, 1.0, 1.0]), jnp.ones(3), rtol=1e-12)
+    assert not bool(ok)
+
+
+# --------------------------------------------------------------------------- RATTLE
+def _sparse_and_dense(model, steps):
+    out = []
+    for structured in ("krylov", False):
+        step = geomjax.rattle(model.system, structured=structured)
+
+        def run(x, step=step):
+            def body(z, _):
+                z, status = step.advance(0.0, z, H, None)
+                return z, status._value
+
+            z, codes = jax.lax.scan(body, step.split(x), None, length=steps)
+            return step.merge(z), codes
+
+        out.append(jax.jit(run))
+    return out
+
+
+def _random_sparse_model(seed=3):
+    """Rods on a random sparse graph in the plane (a grid with random diagonals)."""
+    base = geomjax.models.cloth(4)
+    con = base.system.holonomic
+    rng = np.random.default_rng(seed)
+    # two diagonal braces in one column of cells: each fixes one angle between the top row's
+    # rods and a column's, so the constraints stay independent (a cycle of braces would not)
+    col, rows = rng.integers(3), rng.choice(3, size=2, replace=False)
+    extra = np.array([[4 * r + col, 4 * (r + 1) + col + 1] for r in rows])
+    pts = np.asarray(_positions(base)).reshape(-1, 2)
+    lengths = np.linalg.norm(pts[extra[:, 0]] - pts[extra[:, 1]], axis=1)
+    new = RodConstraints(jnp.concatenate([con.lengths, jnp.asarray(lengths)]), con.anchors,
+                         _Indices(np.concatenate([con.edges.array, extra])), con.pins, 2)
+    system = geomjax.System(base.system.hamiltonian, geomjax.canonical(32), holonomic=new)
+    return geomjax.models.Model("random", system, base.params, base.x0, ())
+
+
+@pytest.mark.parametrize("name", ["cloth", "rod_tree", "rod_ring", "water_box", "random"])
+def test_matrix_free_rattle_matches_dense(name):
+    model = {"cloth": lambda: geomjax.models.cloth(4), "rod_tree": lambda: geomjax.models.rod_tree(20),
+             "rod_ring": lambda: geomjax.models.rod_ring(20), "water_box": lambda: geomjax.models.water_box(2),
+             "random": _random_sparse_model}[name]()
+    sparse, dense = _sparse_and_dense(model, 40)
+    xs, codes_s = sparse(model.x0)
+    xd, codes_d = dense(model.x0)
+    assert not np.any(codes_s) and not np.any(codes_d)
+    assert float(jnp.max(jnp.abs(xs - model.x0))) > 1e-3  # it moved
+    np.testing.assert_allclose(xs, xd, rtol=0, atol=1e-12)
+    n = model.system.dim // 2
+    g = model.system.holonomic
+    assert float(jnp.max(jnp.abs(g(xs[:n])))) < 1e-13
+    assert float(jnp.max(jnp.abs(jax.jvp(g, (xs[:n],), (xs[n:] * model.system.hamiltonian.inverse_mass.repeat(
+        n // model.system.hamiltonian.inverse_mass.shape[0]),))[1]))) < 1e-12
+    # under vmap: two starts, the second a few steps on
+    batch = jnp.stack([model.x0, xs])
+    ys, codes = jax.vmap(sparse)(batch)
+    assert not np.any(codes)
+    np.testing.assert_allclose(ys[0], xs, atol=1e-13)
+
+
+def test_sparse_graphs_take_the_matrix_free_path_and_chains_do_not():
+    def plan(model):
+        step = geomjax.rattle(model.system)
+        q, p = step.split(model.x0)
+        return step._plan(q, p, H)
+
+    assert isinstance(plan(geomjax.models.cloth(4)), GramPlan)
+    assert isinstance(plan(geomjax.models.rod_ring(16)), GramPlan)
+    assert not isinstance(plan(geomjax.models.planar_chain(20)), GramPlan)  # tridiagonal
+    assert plan(geomjax.models.rod_tree(8)) is None  # 10 constraints: dense
+
+
+def test_gradient_through_matrix_free_rattle_matches_central_differences():
+    """d/dg of a loss after 50 steps of a 4 × 4 cloth, g closed over by H (jit of grad)."""
+    model = geomjax.models.cloth(4)
+    base, con = model.system.hamiltonian, model.system.holonomic
+    n = 32
+
+    def loss(gravity):
+        ham = lambda x: base(x) + (gravity - 9.81) * jnp.sum(x[1:n:2])
+        step = geomjax.rattle(geomjax.System(ham, geomjax.canonical(n), holonomic=con), structured="krylov")
+        z, _ = jax.lax.scan(lambda z, _: (step.advance(0.0, z, 0.01, None)[0], None), step.split(model.x0),
+                            None, length=50)
+        x = step.merge(z)
+        return jnp.sum(x[:n] ** 2) + jnp.sum(jnp.sin(x[n:]))
+
+    grad = float(jax.jit(jax.grad(loss))(9.81))
+    eps = 1e-4
+    fd = float((loss(9.81 + eps) - loss(9.81 - eps)) / (2 * eps))
+    assert abs(grad - fd) <= 1e-6 * abs(fd)
+    # and w.r.t. the initial momenta, along a direction tangent to the constraint set
+    step = geomjax.rattle(model.system, structured="krylov")
+    out = lambda x: jnp.sum(jax.lax.scan(lambda z, _: (step.advance(0.0, z, 0.01, None)[0], None),
+                                         step.split(x), None, length=50)[0][0] ** 2)
+    direction = jnp.zeros(64).at[n + 2 * 5].set(1.0)  # an interior particle, horizontally
+    jvp = float(jax.jvp(out, (model.x0,), (direction,))[1])
+    fd = float((out(model.x0 + 1e-6 * direction) - out(model.x0 - 1e-6 * direction)) / 2e-6)
+    assert abs(jvp - fd) <= 1e-5 * abs(fd)
+
+
+def test_a_singular_constraint_matrix_is_reported_not_hidden(monkeypatch):
+    """A rod given twice with two lengths: G M⁻¹Gᵀ singular, g(q₁) = 0 unsolvable."""
+    model = geomjax.models.rod_ring(20)
+    c = model.system.holonomic
+    con = RodConstraints(jnp.concatenate([c.lengths, jnp.array([1.001])]), c.anchors,
+                         _Indices(np.concatenate([c.edges.array, c.edges.array[:1]])), c.pins, 3)
+    system = geomjax.System(model.system.hamiltonian, geomjax.canonical(60), holonomic=con)
+    step = geomjax.rattle(system)
+    advance = jax.jit(jax.vmap(lambda x: step.advance(0.0, step.split(x), 0.01, None)[1]))
+    codes = advance(jnp.stack([model.x0, model.x0]))
+    assert bool(jnp.all(codes != RESULTS.successful))
+    with pytest.raises(ValueError, match="not independent"):
+        step.check(model.x0)
+    # the check for large systems, by conjugate gradients on G M⁻¹Gᵀ (products only)
+    monkeypatch.setattr(rattle_module, "_DENSE_START_CHECK", 0)
+    with pytest.raises(ValueError, match="conjugate gradients on G M⁻¹ Gᵀ"):
+        step.check(model.x0)
+    geomjax.rattle(model.system).check(model.x0)  # the ring itself passes
+
+
+def test_step_program_holds_no_m_by_m_array_and_does_not_grow():
+    """The jaxpr of a 16 × 16 cloth's RATTLE step: no array with m² entries; the same
+    number of equations as a 6 × 6 cloth's (nothing unrolled per constraint)."""
+
+    def eqns_and_largest(n):
+        model = geomjax.models.cloth(n)
+        step = geomjax.rattle(model.system)
+        closed = jax.make_jaxpr(lambda x: step.advance(0.0, step.split(x), H, None))(model.x0)
+        sizes, count = [], 0
+
+        def walk(jaxpr):
+            nonlocal count
+            for eqn in jaxpr.eqns:
+                count += 1
+                sizes.extend(int(np.prod(v.aval.shape)) for v in eqn.outvars if hasattr(v.aval, "shape"))
+                for p in eqn.params.values():
+                    for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                        if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                            walk(sub.jaxpr)
+                        elif hasattr(sub, "eqns"):
+                            walk(sub)
+
+        walk(closed.jaxpr)
+        m = 2 * n * (n - 1) + 4
+        return count, max(sizes), m
+
+    small, _, _ = eqns_and_largest(6)
+    count, largest, m = eqns_and_largest(16)
+    assert largest < 16 * m  # (colours × m) at most; an m × m matrix would be 236 196
+    assert count == small
+
+
+@pytest.mark.parametrize("build", [lambda: geomjax.models.cloth(5), lambda: geomjax.models.cloth(5, space=True),
+                                   lambda: geomjax.models.rod_tree(40), lambda: geomjax.models.rod_ring(40),
+                                   lambda: geomjax.models.water_box(2)])
+def test_rod_models_start_on_their_constraint_sets(build):
+    model = build()
+    n = model.system.dim // 2
+    q, p = model.x0[:n], model.x0[n:]
+    g = model.system.holonomic
+    v = jax.grad(lambda pp: model.system.hamiltonian(jnp.concatenate([q, pp])))(p)
+    assert float(jnp.max(jnp.abs(g(q)))) < 1e-13
+    assert float(jnp.max(jnp.abs(jax.jvp(g, (q,), (v,))[1]))) < 1e-13
+    geomjax.rattle(model.system).check(model.x0)  # independent constraints, a separable H
