@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import geomjax
+from geomjax._solve.banded import TridiagonalJacobian
+from geomjax._solve.block_tridiagonal import BlockTridiagonalPlan
 from geomjax._solve.krylov import GramPlan, pcg, spd_solve
 from geomjax._status import RESULTS
 from geomjax._step import rattle as rattle_module
@@ -98,7 +100,7 @@ def test_pcg_reports_a_singular_inconsistent_system():
 # --------------------------------------------------------------------------- RATTLE
 def _sparse_and_dense(model, steps):
     out = []
-    for structured in ("krylov", False):
+    for structured in ("krylov", "banded", False):
         step = geomjax.rattle(model.system, structured=structured)
 
         def run(x, step=step):
@@ -135,12 +137,14 @@ def test_matrix_free_rattle_matches_dense(name):
     model = {"cloth": lambda: geomjax.models.cloth(4), "rod_tree": lambda: geomjax.models.rod_tree(20),
              "rod_ring": lambda: geomjax.models.rod_ring(20), "water_box": lambda: geomjax.models.water_box(2),
              "random": _random_sparse_model}[name]()
-    sparse, dense = _sparse_and_dense(model, 40)
+    sparse, banded, dense = _sparse_and_dense(model, 40)
     xs, codes_s = sparse(model.x0)
+    xb, codes_b = banded(model.x0)
     xd, codes_d = dense(model.x0)
-    assert not np.any(codes_s) and not np.any(codes_d)
+    assert not np.any(codes_s) and not np.any(codes_b) and not np.any(codes_d)
     assert float(jnp.max(jnp.abs(xs - model.x0))) > 1e-3  # it moved
     np.testing.assert_allclose(xs, xd, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(xb, xd, rtol=0, atol=1e-12)
     n = model.system.dim // 2
     g = model.system.holonomic
     assert float(jnp.max(jnp.abs(g(xs[:n])))) < 1e-13
@@ -148,24 +152,56 @@ def test_matrix_free_rattle_matches_dense(name):
         n // model.system.hamiltonian.inverse_mass.shape[0]),))[1]))) < 1e-12
     # under vmap: two starts, the second a few steps on
     batch = jnp.stack([model.x0, xs])
-    ys, codes = jax.vmap(sparse)(batch)
-    assert not np.any(codes)
-    np.testing.assert_allclose(ys[0], xs, atol=1e-13)
+    for run, alone in ((sparse, xs), (banded, xb)):
+        ys, codes = jax.vmap(run)(batch)
+        assert not np.any(codes)
+        np.testing.assert_allclose(ys[0], alone, atol=1e-13)
 
 
-def test_sparse_graphs_take_the_matrix_free_path_and_chains_do_not():
-    def plan(model):
-        step = geomjax.rattle(model.system)
+def test_which_plan_each_graph_gets():
+    def plan(model, structured=True):
+        step = geomjax.rattle(model.system, structured=structured)
         q, p = step.split(model.x0)
         return step._plan(q, p, H)
 
-    assert isinstance(plan(geomjax.models.cloth(4)), GramPlan)
-    assert isinstance(plan(geomjax.models.rod_ring(16)), GramPlan)
-    assert not isinstance(plan(geomjax.models.planar_chain(20)), GramPlan)  # tridiagonal
+    cloth = plan(geomjax.models.cloth(4))
+    assert isinstance(cloth, BlockTridiagonalPlan) and cloth.bandwidth <= 8  # RCM: a band of ~2n
+    ring = plan(geomjax.models.rod_ring(40))
+    assert isinstance(ring, BlockTridiagonalPlan) and ring.bandwidth <= 6  # a band whatever the length
+    assert isinstance(plan(geomjax.models.cloth(4), "krylov"), GramPlan)
+    assert isinstance(plan(geomjax.models.planar_chain(20)), TridiagonalJacobian)
     assert plan(geomjax.models.rod_tree(8)) is None  # 10 constraints: dense
+    with pytest.raises(ValueError, match="structured must be"):
+        geomjax.rattle(geomjax.models.cloth(4).system, structured="sparse")
 
 
-def test_gradient_through_matrix_free_rattle_matches_central_differences():
+def test_block_plan_solves_against_dense(rng):
+    """RCM-ordered block Cholesky on the Gram matrices of each graph kind, and on a random
+    sparse SPD matrix, against a dense solve."""
+    graphs = [geomjax.models.cloth(5), geomjax.models.rod_tree(30), geomjax.models.rod_ring(30),
+              geomjax.models.water_box(2)]
+    for model in graphs:
+        g = model.system.holonomic
+        q = _positions(model)
+        m = g(q).shape[0]
+        gram = lambda v, q=q, g=g: jax.jvp(g, (q,), (jax.vjp(g, q)[1](v)[0],))[1]
+        plan = BlockTridiagonalPlan.of(gram, m)
+        dense = np.asarray(jax.vmap(gram)(jnp.eye(m)))
+        b = jnp.asarray(rng.normal(size=m))
+        x = jax.jit(lambda b, plan=plan, gram=gram: plan.solve(plan.factor(gram, b.dtype), b))(b)
+        np.testing.assert_allclose(x, np.linalg.solve(dense, b), rtol=1e-12, atol=1e-12)
+    mask = rng.random((60, 60)) < 0.05
+    a = np.where(mask | mask.T, rng.normal(size=(60, 60)), 0.0)
+    a = a + a.T + 20 * np.eye(60)
+    apply = lambda v: jnp.asarray(a) @ v
+    plan = BlockTridiagonalPlan.of(apply, 60)
+    b = rng.normal(size=60)
+    np.testing.assert_allclose(plan.solve(plan.factor(apply, jnp.float64), jnp.asarray(b)), np.linalg.solve(a, b),
+                               rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("structured", ["krylov", "banded"])
+def test_gradient_through_sparse_rattle_matches_central_differences(structured):
     """d/dg of a loss after 50 steps of a 4 × 4 cloth, g closed over by H (jit of grad)."""
     model = geomjax.models.cloth(4)
     base, con = model.system.hamiltonian, model.system.holonomic
@@ -173,7 +209,7 @@ def test_gradient_through_matrix_free_rattle_matches_central_differences():
 
     def loss(gravity):
         ham = lambda x: base(x) + (gravity - 9.81) * jnp.sum(x[1:n:2])
-        step = geomjax.rattle(geomjax.System(ham, geomjax.canonical(n), holonomic=con), structured="krylov")
+        step = geomjax.rattle(geomjax.System(ham, geomjax.canonical(n), holonomic=con), structured=structured)
         z, _ = jax.lax.scan(lambda z, _: (step.advance(0.0, z, 0.01, None)[0], None), step.split(model.x0),
                             None, length=50)
         x = step.merge(z)
@@ -184,7 +220,7 @@ def test_gradient_through_matrix_free_rattle_matches_central_differences():
     fd = float((loss(9.81 + eps) - loss(9.81 - eps)) / (2 * eps))
     assert abs(grad - fd) <= 1e-6 * abs(fd)
     # and w.r.t. the initial momenta, along a direction tangent to the constraint set
-    step = geomjax.rattle(model.system, structured="krylov")
+    step = geomjax.rattle(model.system, structured=structured)
     out = lambda x: jnp.sum(jax.lax.scan(lambda z, _: (step.advance(0.0, z, 0.01, None)[0], None),
                                          step.split(x), None, length=50)[0][0] ** 2)
     direction = jnp.zeros(64).at[n + 2 * 5].set(1.0)  # an interior particle, horizontally
@@ -213,13 +249,15 @@ def test_a_singular_constraint_matrix_is_reported_not_hidden(monkeypatch):
     geomjax.rattle(model.system).check(model.x0)  # the ring itself passes
 
 
-def test_step_program_holds_no_m_by_m_array_and_does_not_grow():
-    """The jaxpr of a 16 × 16 cloth's RATTLE step: no array with m² entries; the same
-    number of equations as a 6 × 6 cloth's (nothing unrolled per constraint)."""
+@pytest.mark.parametrize("structured", ["krylov", "banded"])
+def test_step_program_holds_no_m_by_m_array_and_does_not_grow(structured):
+    """The jaxpr of a 16 × 16 cloth's RATTLE step: no array with m² entries (conjugate
+    gradients: nothing beyond colours × m; blocks: 2m·s for blocks of s ≈ the RCM band);
+    the same number of equations as a 10 × 10 cloth's (nothing unrolled per constraint)."""
 
     def eqns_and_largest(n):
         model = geomjax.models.cloth(n)
-        step = geomjax.rattle(model.system)
+        step = geomjax.rattle(model.system, structured=structured)
         closed = jax.make_jaxpr(lambda x: step.advance(0.0, step.split(x), H, None))(model.x0)
         sizes, count = [], 0
 
@@ -239,9 +277,12 @@ def test_step_program_holds_no_m_by_m_array_and_does_not_grow():
         m = 2 * n * (n - 1) + 4
         return count, max(sizes), m
 
-    small, _, _ = eqns_and_largest(6)
+    small, _, _ = eqns_and_largest(10)
     count, largest, m = eqns_and_largest(16)
-    assert largest < 16 * m  # (colours × m) at most; an m × m matrix would be 236 196
+    if structured == "krylov":
+        assert largest < 16 * m  # (colours × m) at most; an m × m matrix would be 234 256
+    else:
+        assert largest <= 2 * (m + 32) * 32  # two blocks of 32 × 32 per 32 rows (band 32)
     assert count == small
 
 

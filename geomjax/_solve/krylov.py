@@ -112,6 +112,20 @@ class GramPlan(eqx.Module):
         seeds = jnp.asarray(self.seeds, dtype)
         return jnp.sum(jax.vmap(linear)(seeds) * seeds, axis=0)
 
+    # The interface of a sparse symmetric solve (shared with `BlockTridiagonalPlan`):
+    # `prepare` once per matrix, then `apply_inverse` for each right-hand side.
+    def prepare(self, linear, dtype):
+        """The Jacobi preconditioner diag(A)⁻¹."""
+        return 1.0 / self.diagonal(linear, dtype)
+
+    def inverse_diagonal(self, prepared):
+        return prepared
+
+    def apply_inverse(self, prepared, linear, b, rtol):
+        """(A⁻¹b by `pcg` to the relative tolerance `rtol`, converged)."""
+        x, ok, _ = pcg(linear, b, prepared, rtol=rtol)
+        return x, ok
+
 
 def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = None):
     """Conjugate gradients for A x = b (A symmetric positive definite, given by `apply`),
@@ -151,17 +165,18 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
     return x, ok, k
 
 
-def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):
-    """x = A⁻¹b for symmetric positive definite A (`apply`) by `pcg`, differentiable by the
-    implicit function theorem (`jax.lax.custom_linear_solve`, symmetric). Returns
-    `(x, converged)`."""
-
-    def solve(matvec, rhs):
-        x, ok, _ = pcg(matvec, rhs, inv_diag, rtol=rtol)
-        return x, ok
-
+def symmetric_solve(apply, b, solve):
+    """x = A⁻¹b for symmetric A (`apply`) by `solve(matvec, b) -> (x, ok)` (conjugate
+    gradients, a block factorization), differentiable by the implicit function theorem
+    (`jax.lax.custom_linear_solve`, symmetric): derivatives solve with A again, never
+    through the iterations. Returns `(x, ok)`."""
     x, ok = lax.custom_linear_solve(apply, b, solve, symmetric=True, has_aux=True)
     return x, lax.stop_gradient(ok)
+
+
+def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):
+    """`symmetric_solve` by `pcg` with the Jacobi preconditioner `inv_diag`."""
+    return symmetric_solve(apply, b, lambda matvec, rhs: pcg(matvec, rhs, inv_diag, rtol=rtol)[:2])
 
 
 def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):

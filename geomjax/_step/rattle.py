@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
-from .._solve.krylov import GramPlan, chord_solve, pcg, spd_solve
+from .._solve.block_tridiagonal import BlockTridiagonalPlan
+from .._solve.krylov import EXACT_RTOL, GramPlan, chord_solve, pcg, symmetric_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
@@ -73,8 +74,10 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     For a kinetic energy quadratic in p the residual is affine in μ, so one linear solve
     (A μ = −r(0) with A = ∂r/∂μ = −(h/2)G M⁻¹Gᵀ by forward mode) is exact; no iteration is
     needed. `plan` (`_structure`): with a `TridiagonalJacobian`, A comes from three forward
-    products with coloured seeds and a tridiagonal solve; with a `GramPlan`, conjugate
-    gradients on −A, products by forward mode, never formed (`converged` is PCG's).
+    products with coloured seeds and a tridiagonal solve; with a `BlockTridiagonalPlan`,
+    from c coloured products into RCM-ordered blocks and a block Cholesky factorization;
+    with a `GramPlan`, conjugate gradients on −A, products by forward mode, never formed
+    (`converged` is the linear solve's).
     """
     _, transpose = mech.g_and_transpose(q1)
 
@@ -87,10 +90,11 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     k = mech.g(q1).shape[0]
     zero = jnp.zeros((k,), p_free.dtype)
     done = jnp.asarray(True)
-    if isinstance(plan, GramPlan):
+    if isinstance(plan, _SPARSE_PLANS):
         r0, linear = jax.linearize(residual, zero)
         positive = lambda v: -linear(v)  # (h/2) G M⁻¹Gᵀ: symmetric positive definite
-        mu, ok = spd_solve(positive, r0, 1.0 / plan.diagonal(positive, zero.dtype))
+        prepared = plan.prepare(positive, zero.dtype)
+        mu, ok = symmetric_solve(positive, r0, lambda mv, b: plan.apply_inverse(prepared, mv, b, EXACT_RTOL))
         return momentum(mu), ok
     if plan is not None:
         r0, linear = jax.linearize(residual, zero)
@@ -101,21 +105,39 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     return momentum(mu), done
 
 
-def _structure(residual, zero, krylov=None):
+def _structure(residual, zero, choice=None):
     """A plan for the k × k Jacobian of `residual` (flat, k = zero.size), from its structural
-    pattern read off the jaxpr at trace time: a `TridiagonalJacobian` when it is
-    tridiagonal and k exceeds the sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`); else a
-    `GramPlan` (matrix-free conjugate gradients) when it is sparse and k is at least
-    `KRYLOV_MIN_CONSTRAINTS` (any k ≥ 1 with `krylov=True`; never with `krylov=False`);
-    else None (dense)."""
+    pattern read off the jaxpr at trace time, or None (dense):
+
+    - a `TridiagonalJacobian` when the pattern is tridiagonal (a chain) and k exceeds the
+      sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`);
+    - for another sparse pattern of at least `KRYLOV_MIN_CONSTRAINTS` rows, a
+      `BlockTridiagonalPlan` (RCM order, block Cholesky) when its band is at most
+      `MAX_DIRECT_BAND`, else a `GramPlan` (conjugate gradients).
+
+    `choice`: None (the above), "krylov" or "banded" (that sparse plan at any k where the
+    pattern is sparse), False (never a sparse plan beyond the chain's)."""
     k = zero.shape[0]
-    if krylov is not True and k <= _SIMPLIFIED_CONSTRAINTS:
+    if choice is None and k <= _SIMPLIFIED_CONSTRAINTS:
         return None
-    if krylov is not True:
+    if choice is None or choice is False:
         plan = TridiagonalJacobian.of(residual, k, zero.dtype)
-        if plan is not None or krylov is False or k < KRYLOV_MIN_CONSTRAINTS:
+        if plan is not None or choice is False or k < KRYLOV_MIN_CONSTRAINTS:
             return plan
-    return GramPlan.of(residual, k, zero.dtype)
+    if choice == "krylov":
+        return GramPlan.of(residual, k, zero.dtype)
+    if choice == "banded":
+        return BlockTridiagonalPlan.of(residual, k, zero.dtype)
+    try:
+        from ..internal.sparsity import jacobian_sparsity
+
+        pattern = jacobian_sparsity(residual, k, zero.dtype)
+    except Exception:  # an analysis that cannot trace: dense
+        return None
+    return BlockTridiagonalPlan.from_pattern(pattern, MAX_DIRECT_BAND) or GramPlan.from_pattern(pattern)
+
+
+_SPARSE_PLANS = (GramPlan, BlockTridiagonalPlan)
 
 
 class Rattle(SystemStep):
@@ -174,16 +196,18 @@ class Rattle(SystemStep):
 
         # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine.
         zero = jnp.zeros_like(g0)
-        if isinstance(plan, GramPlan):
-            # A sparse graph: ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by conjugate gradients
-            # (never formed), products by one jvp and one vjp of g.
+        if isinstance(plan, _SPARSE_PLANS):
+            # A sparse graph: ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by a block Cholesky
+            # factorization (narrow band) or conjugate gradients (never formed), products by
+            # one jvp and one vjp of g.
             q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
             _, g_lin = jax.linearize(mech.g, q)
             gram = lambda v: -g_lin(shift(v))  # G M⁻¹Gᵀ v (shift = −M⁻¹Gᵀ)
-            inv_diag = 1.0 / plan.diagonal(gram, zero.dtype)
+            prepared = plan.prepare(gram, zero.dtype)
+            inv_diag = plan.inverse_diagonal(prepared)
 
             def chord_step(r, rtol):
-                x, ok, _ = pcg(gram, r, inv_diag, rtol=rtol)
+                x, ok = plan.apply_inverse(prepared, gram, r, rtol)
                 return -x, ok
 
             res, linear_ok = chord_solve(lambda nu: mech.g(q_free + shift(nu)), zero, chord_step, self.newton,
@@ -272,13 +296,15 @@ RATTLE_ITERATIONS = 2
 
 #: The most constraints for which a RATTLE step goes through the simplification pass.
 _SIMPLIFIED_CONSTRAINTS = 2
-#: The fewest constraints for which a sparse pattern that is not a chain is solved
-#: matrix-free (`geomjax._solve.krylov`) rather than densely; measured on the cloth, ring
-#: and tree in benchmarks/constraint_scaling.py.
+#: The fewest constraints for which a sparse pattern that is not a chain gets a sparse plan
+#: rather than the dense path; measured on the cloth, ring and tree in
+#: benchmarks/constraint_scaling.py.
 KRYLOV_MIN_CONSTRAINTS = 16
-# `structured` → the `krylov` argument of `_structure`: True = automatic, "krylov" = always
-# matrix-free where the pattern is sparse.
-_KRYLOV_CHOICE = {True: None, "krylov": True}
+#: The widest RCM band solved by the block Cholesky factorization (above, conjugate
+#: gradients); measured in benchmarks/constraint_scaling.py.
+MAX_DIRECT_BAND = 128
+# `structured` → the `choice` argument of `_structure`.
+_KRYLOV_CHOICE = {True: None, "krylov": "krylov", "banded": "banded"}
 
 
 def _rattle_newton(newton, rtol, atol, max_iter, separable=True):
@@ -522,7 +548,7 @@ def shake(
 
 def _as_structured(structured):
     if isinstance(structured, str):
-        if structured != "krylov":
-            raise ValueError(f"structured must be True, False or 'krylov', got {structured!r}")
+        if structured not in ("krylov", "banded"):
+            raise ValueError(f"structured must be True, False, 'banded' or 'krylov', got {structured!r}")
         return structured
     return bool(structured)
