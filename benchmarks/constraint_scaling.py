@@ -9,16 +9,23 @@ triatomic molecules. For each size, in one process and interleaved rounds (best 
                 sparse graph of ≥ 16 constraints), its `advance` in a plain `lax.scan`;
 - integrate:    the same step through `geomjax.integrate` (start checks, status, monitoring;
                 one save at the end), timed end to end after a first call;
+- banded / krylov: geomjax with its sparse plan forced: the block Cholesky of the RCM-ordered
+                G M⁻¹Gᵀ (`structured="banded"`) or Jacobi-preconditioned CG (`"krylov"`, up to
+                `--krylov-max` constraints); the default picks the first when the RCM band is at most
+                `geomjax._step.rattle.MAX_DIRECT_BAND`;
 - dense:        `geomjax.rattle(model.system, structured=False)` (k jvps, LAPACK LU), up to
                 `--dense-max` constraints: where the switch to the sparse path pays;
-- floor CG warm / CG cold: RATTLE written by hand for rod networks (edge lists, G and Gᵀ as
+- floor banded: RATTLE written by hand with block-banded Cholesky solves: A's entries in closed
+                form (±(d_e·d_f)/m_k for rods sharing particle k), scipy's reverse Cuthill–McKee
+                order, blocks of max(band, 16), the chord iteration with exact solves;
+- floor CG warm / CG cold (up to `--floor-max` constraints): RATTLE written by hand for rod networks (edge lists, G and Gᵀ as
                 gathers and scatter-adds, the Jacobi diagonal |d_e|²(1/m_a + 1/m_b) in closed
                 form, pinned particles as infinite masses): the position multipliers by the
                 chord iteration ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by PCG to a relative
                 1e−3, the velocity multipliers by PCG to 1e−14, stopping on the same update test as
                 geomjax (|Δν| ≤ 1e−13(1 + |ν|)); "warm" starts both from the previous step's
                 multipliers (carried in the loop), "cold" from zero;
-- floor SHAKE:  RATTLE by coloured SHAKE/RATTLE sweeps (nonlinear Gauss–Seidel over the rods,
+- floor SHAKE (up to `--floor-max`):  RATTLE by coloured SHAKE/RATTLE sweeps (nonlinear Gauss–Seidel over the rods,
                 rods of one colour share no particle so a colour is one vectorised update; over-
                 relaxation ω = 1.5), position sweeps until max|g| ≤ 1e−14, velocity sweeps until
                 max|G M⁻¹p| ≤ 1e−13 max|M⁻¹p|.
@@ -219,6 +226,96 @@ def shake_floor(model, omega: float = 1.5):
     return step, ()
 
 
+def banded_floor(model):
+    """Hand-written RATTLE with block-banded Cholesky solves: A's entries in closed form,
+    A_ee' = ±(d_e·d_e') m_k⁻¹ for rods e, e' sharing particle k, in scipy's reverse
+    Cuthill–McKee order, cut into blocks of max(band, 16); chord iteration with exact solves."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    net = network(model)
+    rods, g, g_dot, g_t, diag, inv = _ops(net)
+    grad_u = potential_gradient(model)
+    h = H_STEP
+    free = inv > 0
+    a, b, inv_pts = net["a"], net["b"], net["inv"]
+    m = len(a)
+    # rod pairs (e, f, sign, particle) coupled through a free particle, e ≠ f, and the diagonal
+    ends = np.concatenate([np.stack([np.arange(m), a, np.ones(m)], 1), np.stack([np.arange(m), b, -np.ones(m)], 1)])
+    ends = ends[inv_pts[ends[:, 1].astype(int)] > 0].astype(np.int64)
+    by_particle = {}
+    for e, k, sgn in ends:
+        by_particle.setdefault(k, []).append((e, sgn))
+    pairs = np.array([(e, f, se * sf, k) for k, lst in by_particle.items() for e, se in lst for f, sf in lst if e != f],
+                     np.int64).reshape(-1, 4)
+    adjacency = csr_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(m, m))
+    order = np.asarray(reverse_cuthill_mckee(adjacency, symmetric_mode=True), np.int64)
+    pos = np.empty(m, np.int64)
+    pos[order] = np.arange(m)
+    band = int(np.max(np.abs(pos[pairs[:, 0]] - pos[pairs[:, 1]]))) if len(pairs) else 0
+    s = max(band, 16)
+    nb = -(-m // s)
+    pe, pf = pos[pairs[:, 0]], pos[pairs[:, 1]]
+    lower = pe // s >= pf // s  # entries of the diagonal and sub-diagonal blocks
+    pr = pairs[lower]
+    pe, pf = pe[lower], pf[lower]
+    kind = pe // s - pf // s  # 0: diagonal block, 1: sub-diagonal block
+    dpos = pos
+
+    def blocks(d):
+        vals = pr[:, 2] * jnp.sum(d[pr[:, 0]] * d[pr[:, 1]], axis=1) * inv_pts[pr[:, 3]]
+        out = jnp.zeros((2, nb, s, s), d.dtype).at[kind, pe // s, pe % s, pf % s].add(vals)
+        out = out.at[0, dpos // s, dpos % s, dpos % s].add(diag(d))
+        pad = np.arange(m, nb * s)
+        return out.at[0, pad // s, pad % s, pad % s].set(1.0)
+
+    def factor(d):
+        blk = blocks(d)
+        tri = jax.scipy.linalg.solve_triangular
+
+        def body(c_prev, xs):
+            dk, lk = xs
+            w = tri(c_prev, lk.T, lower=True).T
+            ck = jnp.linalg.cholesky(dk - w @ w.T)
+            return ck, (ck, w)
+
+        c0 = jnp.linalg.cholesky(blk[0, 0])
+        _, (cs, ws) = lax.scan(body, c0, (blk[0, 1:], blk[1, 1:]))
+        return jnp.concatenate([c0[None], cs]), jnp.concatenate([jnp.zeros((1, s, s)), ws])
+
+    def solve(fac, r):
+        cs, ws = fac
+        tri = jax.scipy.linalg.solve_triangular
+        rhs = jnp.zeros(nb * s).at[:m].set(r[order]).reshape(nb, s)
+        _, ys = lax.scan(lambda y, xs: (lambda v: (v, v))(tri(xs[0], xs[2] - xs[1] @ y, lower=True)),
+                         jnp.zeros(s), (cs, ws, rhs))
+        wn = jnp.concatenate([ws[1:], jnp.zeros((1, s, s))])
+        _, xs_ = lax.scan(lambda x, xs: (lambda v: (v, v))(tri(xs[0], xs[2] - xs[1].T @ x, lower=True, trans=1)),
+                          jnp.zeros(s), (cs, wn, ys), reverse=True)
+        return jnp.zeros(m).at[order].set(xs_.reshape(-1)[:m])
+
+    def step(q, p):
+        kick = p - 0.5 * h * grad_u(q)
+        q_free = q + h * inv * kick
+        d0 = rods(q)
+        f0 = factor(d0)
+
+        def body(c):
+            nu, k, _ = c
+            delta = solve(f0, g(q_free - inv * g_t(d0, nu)))
+            nu = nu + delta
+            return nu, k + 1, jnp.max(jnp.abs(delta)) <= 1e-13 * (1 + jnp.max(jnp.abs(nu)))
+
+        nu, _, _ = lax.while_loop(lambda c: (c[1] < 50) & ~c[2], body, (jnp.zeros(m), 0, False))
+        q1 = q_free - inv * g_t(d0, nu)
+        p_free = kick - g_t(d0, nu) / h - 0.5 * h * grad_u(q1)
+        d1 = rods(q1)
+        mu = solve(factor(d1), g_dot(d1, inv * p_free))
+        return q1, jnp.where(free, p_free - g_t(d1, mu), 0.0)
+
+    return step, ()
+
+
 # ----------------------------------------------------------------------------- loops and timing
 def scan_run(step, extra, steps, n):
     def run(x0):
@@ -279,12 +376,18 @@ def check_floors(model):
     for name, (step, extra) in floors(model).items():
         out = np.asarray(jax.jit(scan_run(step, extra, 100, n))(model.x0))
         err = max(np.abs(out[:n] - ref[:n]).max(), np.abs((out[n:] - ref[n:])[free]).max())
-        assert err < 1e-10, f"{model.name}: floor {name} differs from geomjax by {err:.3g}"
+        # SHAKE stops on residuals (|g|, |G M⁻¹p|), not on multipliers: on the ill-conditioned
+        # ring its velocity sweeps leave differences up to ~1e−8 after 100 steps
+        bound = 1e-7 if name == "SHAKE" else 1e-10
+        assert err < bound, f"{model.name}: floor {name} differs from geomjax by {err:.3g}"
         print(f"  check {model.name}: {name} agrees with geomjax to {err:.1e} after 100 steps")
 
 
-def floors(model):
-    return {"CG warm": cg_floor(model, True), "CG cold": cg_floor(model, False), "SHAKE": shake_floor(model)}
+def floors(model, iterative=True):
+    out = {"banded": banded_floor(model)}
+    if iterative:
+        out.update({"CG warm": cg_floor(model, True), "CG cold": cg_floor(model, False), "SHAKE": shake_floor(model)})
+    return out
 
 
 def steps_for(m):
@@ -298,9 +401,13 @@ def run_case(kind, size, args):
     steps = steps_for(m)
     rows = {}
     cases = {"geomjax": geomjax_scan(model, steps)}
+    for other in ("banded", "krylov"):
+        cases[other] = geomjax_scan(model, steps, structured=other)
     if m <= args.dense_max:
         cases["dense"] = geomjax_scan(model, steps, structured=False)
-    for name, (step, extra) in floors(model).items():
+    if m > args.krylov_max:
+        del cases["krylov"]
+    for name, (step, extra) in floors(model, m <= args.floor_max).items():
         cases["floor " + name] = scan_run(step, extra, steps, n)
     exes = {}
     for name, run in cases.items():
@@ -326,12 +433,16 @@ def exponent(ms, costs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cloth", default="4,8,16,32")
+    parser.add_argument("--cloth", default="4,8,16,32,48")
     parser.add_argument("--tree", default="64,256,1024,4096")
     parser.add_argument("--ring", default="64,256,1024,4096")
     parser.add_argument("--water", default="2,4,6,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dense-max", type=int, default=600)
+    parser.add_argument("--floor-max", type=int, default=1200,
+                        help="largest m for the iterative floors (CG, SHAKE): their iterations grow with the "
+                             "condition number, a ring of 4096 rods takes seconds a step")
+    parser.add_argument("--krylov-max", type=int, default=2100, help="largest m for geomjax's forced CG path")
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     args = parser.parse_args()
     if args.quick:

@@ -302,7 +302,7 @@ _SIMPLIFIED_CONSTRAINTS = 2
 KRYLOV_MIN_CONSTRAINTS = 16
 #: The widest RCM band solved by the block Cholesky factorization (above, conjugate
 #: gradients); measured in benchmarks/constraint_scaling.py.
-MAX_DIRECT_BAND = 128
+MAX_DIRECT_BAND = 96
 # `structured` → the `choice` argument of `_structure`.
 _KRYLOV_CHOICE = {True: None, "krylov": "krylov", "banded": "banded"}
 
