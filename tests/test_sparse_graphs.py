@@ -7,7 +7,7 @@ import pytest
 
 import geomjax
 from geomjax._solve.banded import TridiagonalJacobian
-from geomjax._solve.block_tridiagonal import BlockTridiagonalPlan
+from geomjax._solve.block_cholesky import BlockCholeskyPlan
 from geomjax._solve.krylov import GramPlan, pcg, spd_solve
 from geomjax._status import RESULTS
 from geomjax._step import rattle as rattle_module
@@ -165,9 +165,9 @@ def test_which_plan_each_graph_gets():
         return step._plan(q, p, H)
 
     cloth = plan(geomjax.models.cloth(4))
-    assert isinstance(cloth, BlockTridiagonalPlan) and cloth.bandwidth <= 8  # RCM: a band of ~2n
+    assert isinstance(cloth, BlockCholeskyPlan) and cloth.bandwidth <= 8  # RCM: a band of ~2n
     ring = plan(geomjax.models.rod_ring(40))
-    assert isinstance(ring, BlockTridiagonalPlan) and ring.bandwidth <= 6  # a band whatever the length
+    assert isinstance(ring, BlockCholeskyPlan) and ring.bandwidth <= 6  # a band whatever the length
     assert isinstance(plan(geomjax.models.cloth(4), "krylov"), GramPlan)
     assert isinstance(plan(geomjax.models.planar_chain(20)), TridiagonalJacobian)
     assert plan(geomjax.models.rod_tree(8)) is None  # 10 constraints: dense
@@ -185,7 +185,7 @@ def test_block_plan_solves_against_dense(rng):
         q = _positions(model)
         m = g(q).shape[0]
         gram = lambda v, q=q, g=g: jax.jvp(g, (q,), (jax.vjp(g, q)[1](v)[0],))[1]
-        plan = BlockTridiagonalPlan.of(gram, m)
+        plan = BlockCholeskyPlan.of(gram, m)
         dense = np.asarray(jax.vmap(gram)(jnp.eye(m)))
         b = jnp.asarray(rng.normal(size=m))
         x = jax.jit(lambda b, plan=plan, gram=gram: plan.solve(plan.factor(gram, b.dtype), b))(b)
@@ -194,7 +194,7 @@ def test_block_plan_solves_against_dense(rng):
     a = np.where(mask | mask.T, rng.normal(size=(60, 60)), 0.0)
     a = a + a.T + 20 * np.eye(60)
     apply = lambda v: jnp.asarray(a) @ v
-    plan = BlockTridiagonalPlan.of(apply, 60)
+    plan = BlockCholeskyPlan.of(apply, 60)
     b = rng.normal(size=60)
     np.testing.assert_allclose(plan.solve(plan.factor(apply, jnp.float64), jnp.asarray(b)), np.linalg.solve(a, b),
                                rtol=1e-12, atol=1e-13)
@@ -298,3 +298,11 @@ def test_rod_models_start_on_their_constraint_sets(build):
     assert float(jnp.max(jnp.abs(g(q)))) < 1e-13
     assert float(jnp.max(jnp.abs(jax.jvp(g, (q,), (v,))[1]))) < 1e-13
     geomjax.rattle(model.system).check(model.x0)  # independent constraints, a separable H
+
+
+def test_hand_written_floors_agree_with_geomjax():
+    """The benchmark's floors (`benchmarks/constraint_scaling.py`, the `scaling` experiment)
+    integrate the same motion as geomjax: the ratios they print compare equal work."""
+    from geomjax.experiments._rod_floors import check_floors
+
+    check_floors(geomjax.models.rod_ring(16))

@@ -112,7 +112,7 @@ class GramPlan(eqx.Module):
         seeds = jnp.asarray(self.seeds, dtype)
         return jnp.sum(jax.vmap(linear)(seeds) * seeds, axis=0)
 
-    # The interface of a sparse symmetric solve (shared with `BlockTridiagonalPlan`):
+    # The interface of a sparse symmetric solve (shared with `geomjax._solve.block_cholesky.BlockCholeskyPlan`):
     # `prepare` once per matrix, then `apply_inverse` for each right-hand side.
     def prepare(self, linear, dtype):
         """The Jacobi preconditioner diag(A)⁻¹."""

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
-from .._solve.block_tridiagonal import BlockTridiagonalPlan
+from .._solve.block_cholesky import BlockCholeskyPlan
 from .._solve.krylov import EXACT_RTOL, GramPlan, chord_solve, pcg, symmetric_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
@@ -74,7 +74,7 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     For a kinetic energy quadratic in p the residual is affine in μ, so one linear solve
     (A μ = −r(0) with A = ∂r/∂μ = −(h/2)G M⁻¹Gᵀ by forward mode) is exact; no iteration is
     needed. `plan` (`_structure`): with a `TridiagonalJacobian`, A comes from three forward
-    products with coloured seeds and a tridiagonal solve; with a `BlockTridiagonalPlan`,
+    products with coloured seeds and a tridiagonal solve; with a `BlockCholeskyPlan`,
     from c coloured products into RCM-ordered blocks and a block Cholesky factorization;
     with a `GramPlan`, conjugate gradients on −A, products by forward mode, never formed
     (`converged` is the linear solve's).
@@ -112,7 +112,7 @@ def _structure(residual, zero, choice=None):
     - a `TridiagonalJacobian` when the pattern is tridiagonal (a chain) and k exceeds the
       sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`);
     - for another sparse pattern of at least `KRYLOV_MIN_CONSTRAINTS` rows, a
-      `BlockTridiagonalPlan` (RCM order, block Cholesky) when its band is at most
+      `BlockCholeskyPlan` (RCM order, block Cholesky) when its band is at most
       `MAX_DIRECT_BAND`, else a `GramPlan` (conjugate gradients).
 
     `choice`: None (the above), "krylov" or "banded" (that sparse plan at any k where the
@@ -127,17 +127,17 @@ def _structure(residual, zero, choice=None):
     if choice == "krylov":
         return GramPlan.of(residual, k, zero.dtype)
     if choice == "banded":
-        return BlockTridiagonalPlan.of(residual, k, zero.dtype)
+        return BlockCholeskyPlan.of(residual, k, zero.dtype)
     try:
         from ..internal.sparsity import jacobian_sparsity
 
         pattern = jacobian_sparsity(residual, k, zero.dtype)
     except Exception:  # an analysis that cannot trace: dense
         return None
-    return BlockTridiagonalPlan.from_pattern(pattern, MAX_DIRECT_BAND) or GramPlan.from_pattern(pattern)
+    return BlockCholeskyPlan.from_pattern(pattern, MAX_DIRECT_BAND) or GramPlan.from_pattern(pattern)
 
 
-_SPARSE_PLANS = (GramPlan, BlockTridiagonalPlan)
+_SPARSE_PLANS = (GramPlan, BlockCholeskyPlan)
 
 
 class Rattle(SystemStep):

@@ -46,6 +46,7 @@ _MODULES = (
     "feedback_paper",
     "gain_tuning",
     "learn_chain",
+    "scaling",
 )
 
 

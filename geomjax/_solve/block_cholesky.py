@@ -68,7 +68,7 @@ def _bfs(root, neighbours, degree, seen):
     return out
 
 
-class BlockTridiagonalPlan(eqx.Module):
+class BlockCholeskyPlan(eqx.Module):
     """Trace-time facts for factoring a sparse SPD matrix A (given as a linear map) by blocks.
 
     `perm` (m,): the RCM order; `seeds` (c, m): coloured seeds whose products give A's
@@ -81,10 +81,10 @@ class BlockTridiagonalPlan(eqx.Module):
     ```python
     >>> import jax.numpy as jnp
     >>> import numpy as np
-    >>> from geomjax._solve.block_tridiagonal import BlockTridiagonalPlan
+    >>> from geomjax._solve.block_cholesky import BlockCholeskyPlan
     >>> m = 40  # a ring: 2.5 on the diagonal, −1 to both neighbours, cyclically
     >>> apply = lambda v: 2.5 * v - jnp.roll(v, 1) - jnp.roll(v, -1)
-    >>> plan = BlockTridiagonalPlan.of(apply, m)
+    >>> plan = BlockCholeskyPlan.of(apply, m)
     >>> plan.bandwidth, plan.source.shape[1:]  # RCM folds the ring into a band of 2
     (2, (3, 16, 16))
     >>> b = jnp.cos(jnp.arange(m, dtype=float))
@@ -101,7 +101,7 @@ class BlockTridiagonalPlan(eqx.Module):
     bandwidth: int = eqx.field(static=True)
 
     @classmethod
-    def from_pattern(cls, pattern: Pattern, max_block: int | None = None) -> "BlockTridiagonalPlan | None":
+    def from_pattern(cls, pattern: Pattern, max_block: int | None = None) -> "BlockCholeskyPlan | None":
         """The plan for a square sparse pattern, or None where it has dense rows or its RCM
         bandwidth exceeds `max_block`."""
         m = pattern.size
@@ -132,7 +132,7 @@ class BlockTridiagonalPlan(eqx.Module):
         return cls(perm, seeds, source, band)
 
     @classmethod
-    def of(cls, linear, m: int, dtype=np.float64, max_block: int | None = None) -> "BlockTridiagonalPlan | None":
+    def of(cls, linear, m: int, dtype=np.float64, max_block: int | None = None) -> "BlockCholeskyPlan | None":
         """The plan for the linear map `linear: R^m → R^m`, from its structural pattern."""
         from ..internal.sparsity import jacobian_sparsity
 
