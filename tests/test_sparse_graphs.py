@@ -306,3 +306,75 @@ def test_hand_written_floors_agree_with_geomjax():
     from geomjax.experiments._rod_floors import check_floors
 
     check_floors(geomjax.models.rod_ring(16))
+
+
+# --------------------------------------------------------------------------- Dirac and feedback fields
+def _dense_dirac(system, x):
+    """X_H − Σ c_j X_{f_j} with C formed densely and solved by LAPACK (the reference)."""
+    from geomjax._field import derived
+
+    s = system.structure
+    z = s.split(x)
+    m = system.constraint_functions(x).shape[0]
+    grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
+    x_h = s.apply(z, grad_h)
+    _, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
+    grads = jax.vmap(lambda e: f_vjp(e)[0])(np.eye(m))
+    fields = jax.vmap(lambda g: s.apply(z, g))(grads)
+    h = derived.stacked_dot(fields, jax.tree_util.tree_map(lambda g: g[None], grad_h))[:, 0]
+    c = jnp.linalg.solve(derived.stacked_dot(grads, fields).T, h)
+    return s.merge(jax.tree_util.tree_map(jnp.subtract, x_h, derived.stacked_combination(c, fields)))
+
+
+@pytest.mark.parametrize("build", [lambda: geomjax.models.cloth(4), lambda: geomjax.models.rod_ring(20),
+                                   lambda: geomjax.models.water_box(2)], ids=["cloth", "ring", "water"])
+def test_dirac_field_on_sparse_graphs_matches_dense(build):
+    from geomjax._field import derived
+
+    model = build()
+    system = model.system
+    m = system.constraint_functions(model.x0).shape[0]
+    assert isinstance(derived.block_tridiagonal_plan(system, system.structure.split(model.x0), m), derived.GramDiracPlan)
+    field = geomjax.dirac_field(system)
+    x1 = geomjax.integrate(field, model.x0, dt=1e-3, steps=20, method="rk4").xs[-1]  # a state off the start
+    call = jax.jit(lambda x: field(x))
+    for x in (model.x0, x1):
+        ref = _dense_dirac(system, x)
+        np.testing.assert_allclose(call(x), ref, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(ref))))
+    both = jax.vmap(field)(jnp.stack([model.x0, x1]))
+    np.testing.assert_allclose(both[1], call(x1), atol=1e-13 * float(jnp.max(jnp.abs(both))))
+    # derivatives of the field (the Jacobian of implicit steps, the tangents of gradients)
+    direction = jnp.sin(jnp.arange(system.dim, dtype=float))
+    tangent = jax.jvp(field, (x1,), (direction,))[1]
+    ref = (_dense_dirac(system, x1 + 1e-6 * direction) - _dense_dirac(system, x1 - 1e-6 * direction)) / 2e-6
+    np.testing.assert_allclose(tangent, ref, atol=1e-6 * float(jnp.max(jnp.abs(ref))))
+
+
+def test_feedback_field_on_a_sparse_graph_keeps_the_constraints():
+    model = geomjax.models.cloth(4)
+    field = geomjax.feedback_field(model.system, model.x0, dt=1e-3, method="rk4")  # gains chosen for h
+    sol = geomjax.integrate(field, model.x0, dt=1e-3, steps=300, method="rk4", save_every=300)
+    assert sol.ok
+    n = model.system.dim // 2
+    assert float(jnp.max(jnp.abs(model.system.holonomic(sol.xs[-1][:n])))) < 1e-9
+
+
+def test_a_singular_sparse_constraint_matrix_is_reported_at_the_start():
+    model = geomjax.models.rod_ring(20)
+    c = model.system.holonomic
+    con = RodConstraints(jnp.concatenate([c.lengths, c.lengths[:1]]), c.anchors,
+                         _Indices(np.concatenate([c.edges.array, c.edges.array[:1]])), c.pins, 3)
+    system = geomjax.System(model.system.hamiltonian, geomjax.canonical(60), holonomic=con)
+    with pytest.raises(ValueError, match="G M⁻¹ Gᵀ .* could not be solved"):
+        geomjax.integrate(geomjax.dirac_field(system), model.x0, dt=1e-3, steps=2)
+
+
+@pytest.mark.parametrize("structured", ["krylov", "banded"])
+def test_step_jacobians_forward_reverse_and_batched_agree(structured):
+    """jacfwd (a vmap over tangents), jacrev and vmap of jacfwd of a sparse RATTLE step."""
+    model = geomjax.models.cloth(4)
+    step = geomjax.rattle(model.system, structured=structured)
+    f = lambda x: step(x, 0.01)
+    forward = jax.jacfwd(f)(model.x0)
+    np.testing.assert_allclose(jax.jacrev(f)(model.x0), forward, atol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.jacfwd(f))(jnp.stack([model.x0, model.x0]))[1], forward, atol=1e-14)

@@ -19,7 +19,13 @@ states, `_LOOPED_PRODUCTS_MIN`), h = {H, f} from one Jacobian-vector product, th
 multipliers from two tridiagonal solves with A and Aᵀ sharing one factorization
 (`tridiagonal_solve_pair`: Thomas elimination in plain JAX, a pivot with too much growth
 giving a non-finite result), and
-Σ c_j X_{f_j} from one pullback. Otherwise C is formed densely as below.
+Σ c_j X_{f_j} from one pullback. When A is sparse but not tridiagonal (a cloth, a tree, a
+ring, molecules: `GramDiracPlan`, from k = 16 constraints), A (symmetric positive definite,
+A = G M⁻¹Gᵀ) is solved by a block Cholesky factorization in reverse Cuthill–McKee order or
+by conjugate gradients (`geomjax._solve.block_cholesky`, `geomjax._solve.krylov`, as RATTLE
+does), its products A v and D v being columns C·(0, v) of one product each. The patterns are
+sparse throughout (`jacobian_sparsity`): memory O(nnz) at trace time too. Otherwise C is
+formed densely as below.
 """
 
 import equinox as eqx
@@ -28,9 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import diagonal_weights, pick_diagonal, shifted
+from .._solve.block_cholesky import BlockCholeskyPlan
+from .._solve.krylov import EXACT_RTOL, GramPlan, symmetric_solve
 from .._solve.linalg import _UNROLL_MAX, small_solve, tridiagonal_solve_pair
 from .._system.system import System
-from ..internal.sparsity import bandwidth, greedy_coloring, jacobian_pattern
+from ..internal.sparsity import Pattern, bandwidth, greedy_coloring, jacobian_sparsity
 
 
 def stacked_dot(a, b):
@@ -136,9 +144,38 @@ _D_BANDWIDTH_MAX = 4
 _LOOPED_PRODUCTS_MIN = 288
 
 
+class GramDiracPlan(eqx.Module):
+    """Trace-time facts for C = [[0, A], [−Aᵀ, D]] with A = G M⁻¹Gᵀ sparse (k × k, m = 2k):
+    the plan of its solve (`BlockCholeskyPlan` or `GramPlan`)."""
+
+    k: int = eqx.field(static=True)
+    gram: object
+
+
+#: The fewest constraint pairs k for which a sparse A that is not tridiagonal is solved
+#: by `GramDiracPlan` rather than densely (as RATTLE's `KRYLOV_MIN_CONSTRAINTS`).
+GRAM_MIN = 16
+#: The widest RCM band of A solved by the block Cholesky factorization (as RATTLE's).
+GRAM_MAX_DIRECT_BAND = 96
+#: The largest k for which the tridiagonal test densifies A's and D's patterns.
+_DENSE_TEST_MAX = 4096
+
+
+def _columns(pattern: Pattern, start: int, stop: int) -> Pattern:
+    """The columns start..stop−1 of a 2-D sparse pattern, renumbered from 0."""
+    keep = (pattern.idx >= start) & (pattern.idx < stop)
+    idx = np.where(keep, pattern.idx - start, -1)
+    return Pattern(pattern.shape, np.sort(idx, axis=1), pattern.full.copy(), stop - start)
+
+
+def _rows(pattern: Pattern, start: int, stop: int) -> Pattern:
+    return Pattern((stop - start,), pattern.idx[start:stop], pattern.full[start:stop], pattern.n)
+
+
 def block_tridiagonal_plan(system: System, z, m: int):
-    """The `BlockTridiagonalPlan` of `system` at states shaped like `z`, or None when C is
-    not of that form (decided from structural patterns only, at trace time)."""
+    """The plan for C's sparse block form at states shaped like `z`: a `BlockTridiagonalPlan`
+    (A tridiagonal, D banded), a `GramDiracPlan` (A sparse), or None when C is not of that
+    form (decided from structural patterns only, at trace time)."""
     s = system.structure
     n = system.dim
     if m <= _UNROLL_MAX or m % 2 or n is None or _flat_size(z) != n:
@@ -146,29 +183,85 @@ def block_tridiagonal_plan(system: System, z, m: int):
     try:
         if jax.tree_util.tree_structure(jax.eval_shape(s.split, jax.ShapeDtypeStruct((n,), jnp.float64))) != jax.tree_util.tree_structure(z):
             return None
-        df = jacobian_pattern(system.constraint_functions, n)
-        struct = jacobian_pattern(lambda v: s.merge(s.apply(s.split(v[:n]), s.split(v[n:]))), 2 * n)[:, n:]
+        df = jacobian_sparsity(system.constraint_functions, n)
+        struct = _columns(jacobian_sparsity(lambda v: s.merge(s.apply(s.split(v[:n]), s.split(v[n:]))), 2 * n), n, 2 * n)
     except Exception:  # a function the analysis cannot trace here: use the dense path
         return None
-    if df.shape != (m, n):
+    if df.size != m or df.full.any():
         return None
-    c_pat = (df.astype(np.int64) @ struct.astype(np.int64) @ df.T.astype(np.int64)) > 0
+    c_pat = df.matmul(struct).matmul(df.transpose())
     k = m // 2
-    a_pat, d_pat = c_pat[:k, k:], c_pat[k:, k:]
-    if c_pat[:k, :k].any() or bandwidth(a_pat) > 1 or bandwidth(d_pat) > _D_BANDWIDTH_MAX:
+    if c_pat.full.any() or _columns(_rows(c_pat, 0, k), 0, k).count().any():
         return None
-    colors = greedy_coloring(c_pat[:, k:])
-    n_colors = int(colors.max()) + 1
-    if n_colors >= k:  # no fewer products than the dense path
+    a_sparse = _columns(_rows(c_pat, 0, k), k, m)
+    if k <= _DENSE_TEST_MAX:
+        dense = c_pat.dense()
+        a_pat, d_pat = dense[:k, k:], dense[k:, k:]
+        if bandwidth(a_pat) <= 1 and bandwidth(d_pat) <= _D_BANDWIDTH_MAX:
+            colors = greedy_coloring(dense[:, k:])
+            n_colors = int(colors.max()) + 1
+            if n_colors < k:  # fewer products than the dense path
+                seeds = np.zeros((n_colors, m))
+                seeds[colors, k + np.arange(k)] = 1.0
+                a_weights = tuple(diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
+                bw = bandwidth(d_pat)
+                d_weights = tuple(
+                    (o, diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
+                )
+                return BlockTridiagonalPlan(k, seeds, a_weights, d_weights, n_colors * n >= _LOOPED_PRODUCTS_MIN)
+    if k < GRAM_MIN:
         return None
-    seeds = np.zeros((n_colors, m))
-    seeds[colors, k + np.arange(k)] = 1.0
-    a_weights = tuple(diagonal_weights(a_pat, colors, n_colors, o) for o in (-1, 0, 1))
-    bw = bandwidth(d_pat)
-    d_weights = tuple(
-        (o, diagonal_weights(d_pat, colors, n_colors, o)) for o in range(-bw, bw + 1) if np.diag(d_pat, o).any()
+    gram = BlockCholeskyPlan.from_pattern(a_sparse, GRAM_MAX_DIRECT_BAND) or GramPlan.from_pattern(a_sparse)
+    return None if gram is None else GramDiracPlan(k, gram)
+
+
+class GramSolvable(eqx.Module):
+    """Whether A = G M⁻¹Gᵀ of a large sparse C (`GramDiracPlan`) could be solved at a state
+    (a generic right-hand side): C = [[0, A], [−Aᵀ, D]] is invertible exactly when A is, and
+    C itself is never formed (m × m)."""
+
+    ok: jax.Array
+    k: int = eqx.field(static=True)
+
+
+def gram_solvable(system: System, z):
+    """A `GramSolvable` where C has a `GramDiracPlan` at `z`, else None (trace-time)."""
+    s = system.structure
+    m = jax.eval_shape(lambda w: s.evaluate(system.constraint_functions, w), z).shape[0]
+    plan = block_tridiagonal_plan(system, z, m)
+    if not isinstance(plan, GramDiracPlan):
+        return None
+    _, f_jvp = jax.linearize(lambda w: s.evaluate(system.constraint_functions, w), z)
+    f_t = jax.linear_transpose(f_jvp, z)
+    k = plan.k
+    gram = lambda v: f_jvp(s.apply(z, f_t(jnp.concatenate([jnp.zeros_like(v), v]))[0]))[:k]
+    dtype = jax.tree_util.tree_leaves(z)[0].dtype
+    rhs = jnp.cos(0.3 + 1.7 * jnp.arange(k, dtype=dtype))
+    x, ok = plan.gram.apply_inverse(plan.gram.prepare(gram, dtype), gram, rhs, EXACT_RTOL)
+    return GramSolvable(ok & jnp.all(jnp.isfinite(x)), k)
+
+
+def _gram_constraint_data(system: System, z, grad_h, x_h, plan: GramDiracPlan):
+    """`SparseConstraintData` for a sparse A: Cᵀc = h by two solves with A (symmetric
+    positive definite), c₂ = −A⁻¹h₁ and c₁ = A⁻¹(h₂ + D c₂), A v and D v being the halves of
+    the column C·(0, v). A solve that fails makes the multipliers NaN (the run reports it)."""
+    s = system.structure
+    values, f_jvp = jax.linearize(lambda w: s.evaluate(system.constraint_functions, w), z)
+    f_t = jax.linear_transpose(f_jvp, z)
+    pullback = lambda c: f_t(c)[0]
+    hamiltonian_fields = lambda c: s.apply(z, pullback(c))
+    column = lambda e: f_jvp(hamiltonian_fields(e))
+    h = -f_jvp(x_h)
+    k = plan.k
+    lower = lambda v: column(jnp.concatenate([jnp.zeros_like(v), v]))  # (A v, D v)
+    gram = lambda v: lower(v)[:k]
+    prepared = plan.gram.prepare(gram, values.dtype)
+    c2, ok2 = symmetric_solve(gram, -h[:k], plan.gram, prepared)
+    c1, ok1 = symmetric_solve(gram, h[k:] + lower(c2)[k:], plan.gram, prepared)
+    multipliers = jnp.where(ok1 & ok2, jnp.concatenate([c1, c2]), jnp.nan)
+    return SparseConstraintData(
+        grad_h, x_h, values, LinearStack(pullback), LinearStack(hamiltonian_fields), multipliers, column
     )
-    return BlockTridiagonalPlan(k, seeds, a_weights, d_weights, n_colors * n >= _LOOPED_PRODUCTS_MIN)
 
 
 def _sparse_constraint_data(system: System, z, grad_h, x_h, plan: BlockTridiagonalPlan):
@@ -210,6 +303,8 @@ def constraint_data(system: System, z):
     x_h = s.apply(z, grad_h)
     m = jax.eval_shape(lambda w: s.evaluate(system.constraint_functions, w), z).shape[0]
     plan = block_tridiagonal_plan(system, z, m)
+    if isinstance(plan, GramDiracPlan):
+        return _gram_constraint_data(system, z, grad_h, x_h, plan)
     if plan is not None:
         return _sparse_constraint_data(system, z, grad_h, x_h, plan)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)

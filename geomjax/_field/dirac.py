@@ -3,10 +3,10 @@
 import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float
 
-from .derived import constraint_data, dirac_vector
+from .derived import GramSolvable, constraint_data, dirac_vector, gram_solvable
 from .base import SystemField
 from .._system.system import NonholonomicSystem, System
-from .._validate import as_state, require_invertible
+from .._validate import as_state, known, require_invertible
 
 
 def constraint_matrix_at(system: System, x):
@@ -22,8 +22,13 @@ def start_values(system: System, x):
     """At a concrete start x0: F(x0) = (f, H, integrals), C(x0) (None without second-class
     constraints) and the constraint residuals, in one compiled call shared by
     `feedback_field` and the checks of the Dirac and feedback fields (one compilation
-    instead of three in a fresh process)."""
-    matrix = constraint_matrix_at(system, x) if system.is_constrained else None
+    instead of three in a fresh process). For a large sparse C (`GramDiracPlan`) the
+    second entry is a `GramSolvable` instead of C (never formed densely)."""
+    matrix = None
+    if system.is_constrained:
+        matrix = gram_solvable(system, system.structure.split(x))
+        if matrix is None:
+            matrix = constraint_matrix_at(system, x)
     return system.conserved_quantities(x), matrix, system.constraint_residuals(x)
 
 
@@ -32,8 +37,19 @@ def check_constraint_matrix(system: System, x0, matrix=None) -> None:
     (`matrix`: C at x0 if the caller has it already)."""
     if not system.is_constrained:
         return
+    matrix = start_values(system, x0)[1] if matrix is None else matrix
+    if isinstance(matrix, GramSolvable):
+        ok = known(matrix.ok)
+        if ok is not None and not bool(ok):
+            raise ValueError(
+                f"the constraint matrix C_ij = {{f_i, f_j}} is singular at x0: its block A = G M⁻¹ Gᵀ "
+                f"({matrix.k} × {matrix.k}, solved sparsely) could not be solved, so the constraints "
+                "are not independent there and the Dirac formula is undefined (a repeated constraint, "
+                "a closed loop of rods pulled straight)"
+            )
+        return
     require_invertible(
-        start_values(system, x0)[1] if matrix is None else matrix,
+        matrix,
         "the constraint matrix C_ij = {f_i, f_j}",
         "the constraints are not second-class there, so the Dirac formula is undefined "
         "(for a pendulum this happens at q = 0)",

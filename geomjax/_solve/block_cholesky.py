@@ -203,6 +203,13 @@ class BlockCholeskyPlan(eqx.Module):
         x = self.solve(factors, b)
         return x, jnp.all(jnp.isfinite(x))
 
+    @staticmethod
+    def accepts(linear, b, x, rtol):
+        """Whether the exact solve `x` is usable: finite (a matrix that was not positive
+        definite gave non-finite factors)."""
+        del linear, b, rtol
+        return jnp.all(jnp.isfinite(x))
+
     def solve(self, factors, b):
         """x with A x = b, from `factor`'s factors (non-finite where A was not positive definite):
         y_k = C_k⁻¹(b_k − W_k y_{k−1}), then x_k = C_k⁻ᵀ(y_k − W_{k+1}ᵀ x_{k+1})."""

@@ -126,6 +126,11 @@ class GramPlan(eqx.Module):
         x, ok, _ = pcg(linear, b, prepared, rtol=rtol)
         return x, ok
 
+    @staticmethod
+    def accepts(linear, b, x, rtol):
+        """Whether `x` solves A x = b: its true residual (one more product)."""
+        return true_residual_ok(linear, b, x, rtol)
+
 
 def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = None):
     """Conjugate gradients for A x = b (A symmetric positive definite, given by `apply`),
@@ -160,23 +165,34 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
     x, r, _, _, rr, k = lax.while_loop(cond, body, (x, r, z, z, jnp.vdot(r, r), jnp.asarray(0)))
     # The recursive residual can fall while the iterate is garbage (a singular A with an
     # inconsistent b breaks CG down): the true residual, at a tolerance round-off allows.
-    true = jnp.linalg.norm(b - apply(x)) <= max(100.0 * rtol, _TRUE_RESIDUAL_RTOL) * jnp.linalg.norm(b)
-    ok = (rr <= target) & true & jnp.all(jnp.isfinite(x))
+    ok = (rr <= target) & true_residual_ok(apply, b, x, rtol)
     return x, ok, k
 
 
-def symmetric_solve(apply, b, solve):
-    """x = A⁻¹b for symmetric A (`apply`) by `solve(matvec, b) -> (x, ok)` (conjugate
-    gradients, a block factorization), differentiable by the implicit function theorem
-    (`jax.lax.custom_linear_solve`, symmetric): derivatives solve with A again, never
-    through the iterations. Returns `(x, ok)`."""
-    x, ok = lax.custom_linear_solve(apply, b, solve, symmetric=True, has_aux=True)
-    return x, lax.stop_gradient(ok)
+def symmetric_solve(apply, b, plan, prepared, rtol: float = EXACT_RTOL):
+    """x = A⁻¹b for symmetric A (`apply`) by a sparse plan (`GramPlan`: conjugate gradients
+    preconditioned by `prepared`; `BlockCholeskyPlan`: its factors `prepared`),
+    differentiable by the implicit function theorem (`jax.lax.custom_linear_solve`,
+    symmetric): derivatives solve with A again, never through the iterations.
+
+    Returns `(x, ok)`, `ok` checked on the result outside the solve (`plan.accepts`): a
+    flag carried out of `custom_linear_solve` as auxiliary output came out batched under
+    `jax.jacfwd` (a `vmap` over tangents) and broke it.
+    """
+    solve = lambda matvec, rhs: plan.apply_inverse(prepared, matvec, rhs, rtol)[0]
+    x = lax.custom_linear_solve(apply, b, solve, symmetric=True)
+    return x, lax.stop_gradient(plan.accepts(apply, b, x, rtol))
 
 
 def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):
     """`symmetric_solve` by `pcg` with the Jacobi preconditioner `inv_diag`."""
-    return symmetric_solve(apply, b, lambda matvec, rhs: pcg(matvec, rhs, inv_diag, rtol=rtol)[:2])
+    return symmetric_solve(apply, b, GramPlan(np.zeros((1, b.shape[0]))), inv_diag, rtol)
+
+
+def true_residual_ok(apply, b, x, rtol):
+    """‖b − A x‖ ≤ max(100·rtol, `_TRUE_RESIDUAL_RTOL`)·‖b‖ and x finite."""
+    bound = max(100.0 * rtol, _TRUE_RESIDUAL_RTOL) * jnp.linalg.norm(b)
+    return (jnp.linalg.norm(b - apply(x)) <= bound) & jnp.all(jnp.isfinite(x))
 
 
 def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
 from .._solve.block_cholesky import BlockCholeskyPlan
-from .._solve.krylov import EXACT_RTOL, GramPlan, chord_solve, pcg, symmetric_solve
+from .._solve.krylov import GramPlan, chord_solve, pcg, symmetric_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
@@ -93,8 +93,7 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     if isinstance(plan, _SPARSE_PLANS):
         r0, linear = jax.linearize(residual, zero)
         positive = lambda v: -linear(v)  # (h/2) G M⁻¹Gᵀ: symmetric positive definite
-        prepared = plan.prepare(positive, zero.dtype)
-        mu, ok = symmetric_solve(positive, r0, lambda mv, b: plan.apply_inverse(prepared, mv, b, EXACT_RTOL))
+        mu, ok = symmetric_solve(positive, r0, plan, plan.prepare(positive, zero.dtype))
         return momentum(mu), ok
     if plan is not None:
         r0, linear = jax.linearize(residual, zero)
