@@ -30,6 +30,12 @@ triatomic molecules. For each size, in one process and interleaved rounds (best 
                 relaxation ω = 1.5), position sweeps until max|g| ≤ 1e−14, velocity sweeps until
                 max|G M⁻¹p| ≤ 1e−13 max|M⁻¹p|.
 
+Fields (`--fields`): the Dirac field (explicit Euler, RK4) and the feedback field (Euler,
+gains chosen for h by `feedback_field(..., dt=h)`) through `integrate` inside `jit`, µs per
+step, geomjax's sparse derivation (`geomjax._field.derived.GramDiracPlan`: A = G M⁻¹Gᵀ by
+block Cholesky or CG, C never formed) against the dense derivation (C column by column,
+LAPACK), with the first call's time (trace + compile + run).
+
 Before timing, every floor is checked against geomjax on the smallest size of each model
 (100 steps, ≤ 1e−10 in q and p). Printed per case: µs per step, compile time
 (lower + compile of the scan) and the compiled program's temporary memory; then
@@ -114,6 +120,54 @@ def run_case(kind, size, args):
     return m, rows
 
 
+def dense_dirac(system):
+    """The Dirac field with C formed densely (m products, one per column) and solved by
+    LAPACK: what a person writes without the sparsity (the comparison for the fields)."""
+    from geomjax._field import derived
+
+    s = system.structure
+
+    def field(x):
+        z = s.split(x)
+        m = system.constraint_functions(x).shape[0]
+        grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
+        x_h = s.apply(z, grad_h)
+        _, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
+        grads = jax.vmap(lambda e: f_vjp(e)[0])(np.eye(m))
+        fields = jax.vmap(lambda g: s.apply(z, g))(grads)
+        h = derived.stacked_dot(fields, jax.tree_util.tree_map(lambda g: g[None], grad_h))[:, 0]
+        c = jax.numpy.linalg.solve(derived.stacked_dot(grads, fields).T, h)
+        return s.merge(jax.tree_util.tree_map(lambda a, b: a - b, x_h, derived.stacked_combination(c, fields)))
+
+    return field
+
+
+def run_fields(kind, size, args):
+    """µs per step of the Dirac field (Euler, RK4) and of the feedback field (Euler):
+    geomjax's sparse derivation against the dense one, in the same loop (`integrate` inside
+    `jit`, one save at the end, no monitoring)."""
+    model = build(kind, size)
+    m = int(model.system.constraint_functions(model.x0).shape[0])
+    steps = steps_for(m)
+    dirac = geomjax.dirac_field(model.system)
+    feedback = geomjax.feedback_field(model.system, model.x0, dt=H_STEP, method="euler")
+    runs = {}
+    for name, field, method in (("Dirac Euler", dirac, "euler"), ("Dirac RK4", dirac, "rk4"),
+                                ("feedback Euler", feedback, "euler")):
+        runs[name] = (field, method)
+        if m <= args.dense_max and name.startswith("Dirac"):
+            runs[name + " dense"] = (dense_dirac(model.system), method)
+    rows = {}
+    for name, (field, method) in runs.items():
+        fn = jax.jit(lambda x, f=field, meth=method: geomjax.integrate(
+            f, x, dt=H_STEP, steps=steps, method=meth, save_every=steps, drift_tol=None, start_tol=None).xs[-1])
+        t = time.perf_counter()
+        jax.block_until_ready(fn(model.x0))
+        first = time.perf_counter() - t
+        rows[name] = dict(first=first, us=best_time(fn, model.x0, args.rounds) / steps * 1e6)
+    return m, rows
+
+
 def exponent(ms, costs):
     ms, costs = np.log(np.asarray(ms, float)), np.log(np.asarray(costs, float))
     return float(np.polyfit(ms, costs, 1)[0]) if len(ms) > 1 else float("nan")
@@ -132,9 +186,12 @@ def main():
                              "condition number, a ring of 4096 rods takes seconds a step")
     parser.add_argument("--krylov-max", type=int, default=2100, help="largest m for geomjax's forced CG path")
     parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--fields", default="cloth:4,8,16,32;ring:64,256,1024",
+                        help="graphs and sizes for the Dirac and feedback fields ('' to skip)")
     args = parser.parse_args()
     if args.quick:
         args.cloth, args.tree, args.ring, args.water, args.rounds = "4,8", "64,256", "64,256", "2,3", 2
+        args.fields = "cloth:4,8"
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, h = {H_STEP}; µs per step, best of "
           f"{args.rounds} interleaved rounds")
     summary = {}
@@ -155,6 +212,20 @@ def main():
                   f"{rows['integrate']['us'] / rows['geomjax']['us']:.2f}"
                   + (f"; dense / geomjax = {rows['dense']['us'] / rows['geomjax']['us']:.1f}" if "dense" in rows else ""))
             summary.setdefault(kind, []).append((m, rows))
+    if args.fields:
+        print("\nfields: µs per step through integrate inside jit (first call: trace + compile + run)")
+        for item in args.fields.split(";"):
+            kind, sizes = item.split(":")
+            field_cases = []
+            for size in (int(v) for v in sizes.split(",")):
+                m, rows = run_fields(kind, size, args)
+                field_cases.append((m, rows))
+                print(f"{kind:5s} {size:5d} m={m:6d}  " + "  ".join(f"{k} {r['us']:9.1f}" for k, r in rows.items()))
+                print("      first call: " + "  ".join(f"{k} {r['first']:.2f}s" for k, r in rows.items()))
+            ms = [m for m, _ in field_cases]
+            names = [k for k in field_cases[0][1] if all(k in r for _, r in field_cases)]
+            print("      growth exponents: " + "  ".join(
+                f"{k} {exponent(ms, [r[k]['us'] for _, r in field_cases]):.2f}" for k in names))
     print("\ngrowth exponents d log(µs per step) / d log(m):")
     for kind, cases in summary.items():
         ms = [m for m, _ in cases]
