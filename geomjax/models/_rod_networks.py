@@ -87,19 +87,31 @@ class RodHamiltonian(eqx.Module):
 
 
 def _network_model(name, points, momenta, masses, edges, lengths, pins, params, pairs=None, radius=1.0):
-    points = np.asarray(points, np.float64)
     n, dim = points.shape
     pins = np.asarray(pins, np.int64).reshape(-1)
-    anchors = points[pins] if pins.size else np.zeros((0, dim))
+    anchors = points[pins] if pins.size else jnp.zeros((0, dim))
     constraint = RodConstraints(jnp.asarray(lengths, jnp.float64), jnp.asarray(anchors), _Indices(edges),
                                 _Indices(pins), dim)
     pairs = np.zeros((0, 2), np.int64) if pairs is None else pairs
-    hamiltonian = RodHamiltonian(jnp.asarray(1.0 / np.asarray(masses, np.float64)), params["g"],
+    hamiltonian = RodHamiltonian(1.0 / jnp.asarray(masses, jnp.float64), params["g"],
                                  params.get("repulsion", jnp.asarray(0.0)), jnp.asarray(radius, jnp.float64),
                                  _Indices(pairs), dim)
     system = System(hamiltonian, canonical(n * dim), holonomic=constraint)
     x0 = flat_state(points, momenta)
     return Model(name, system, params, x0, ())
+
+
+def _uniform_model(name, unit_points, unit_velocities, edges, pins, params):
+    """Equal masses m and rods of equal length ℓ: the geometry given for ℓ = 1 and unit
+    velocities, scaled (q = ℓ q₁, p = m ℓ v₁: a start on the constraint set for any ℓ, m,
+    which may be traced)."""
+    n = unit_points.shape[0]
+    length, mass = params["length"], params["m"]
+    points = jnp.asarray(unit_points) * length
+    momenta = jnp.asarray(unit_velocities) * (mass * length)
+    masses = jnp.ones(n) * mass
+    lengths = jnp.ones(len(edges)) * length
+    return _network_model(name, points, momenta, masses, edges, lengths, pins, params)
 
 
 def _grid_edges(rows: int, cols: int) -> np.ndarray:
@@ -147,7 +159,7 @@ def cloth(n: int = 8, *, space: bool = False, mass=1.0, length=1.0, gravity=9.81
     if n < 2:
         raise ValueError(f"a cloth needs n >= 2 particles a side, got {n}")
     params = _params(m=mass, g=gravity, length=length)
-    ell = float(np.asarray(params["length"]))
+    ell = 1.0  # the geometry for unit rods, scaled by ℓ below (which may be traced)
     i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     k = np.arange(n - 1)
     slope = np.where(k < (n - 1) // 2, -sag, np.where(k >= n // 2, sag, 0.0))  # a V, level in the middle
@@ -159,12 +171,10 @@ def cloth(n: int = 8, *, space: bool = False, mass=1.0, length=1.0, gravity=9.81
     pins = [0, n - 1]
     if space:
         points = np.stack([points[:, 0], np.zeros(n * n), points[:, 1]], axis=1)
-        out = swing * np.sin(np.pi * j / (n - 1)) * (i + 1) / n * np.asarray(params["m"])
+        out = swing * np.sin(np.pi * j / (n - 1)) * (i + 1) / n
         momenta = np.stack([np.zeros(n * n), out.reshape(-1), np.zeros(n * n)], axis=1)
     edges = _grid_edges(n, n)
-    lengths = np.full(len(edges), 1.0) * params["length"]
-    masses = np.full(n * n, 1.0) * np.asarray(params["m"])
-    return _network_model("cloth", points, momenta, masses, edges, lengths, pins, params)
+    return _uniform_model("cloth", points, momenta, edges, pins, params)
 
 
 def rod_tree(n_particles: int = 64, *, seed: int = 0, mass=1.0, length=1.0, gravity=9.81) -> Model:
@@ -192,14 +202,11 @@ def rod_tree(n_particles: int = 64, *, seed: int = 0, mass=1.0, length=1.0, grav
     parents = np.array([rng.integers(0, i) for i in range(1, n)])
     directions = rng.normal(size=(n - 1, 3))
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    ell = float(np.asarray(params["length"]))
     points = np.zeros((n, 3))
     for i in range(1, n):
-        points[i] = points[parents[i - 1]] + ell * directions[i - 1]
+        points[i] = points[parents[i - 1]] + directions[i - 1]
     edges = np.stack([np.arange(1, n), parents], axis=1)
-    lengths = np.full(n - 1, 1.0) * params["length"]
-    masses = np.full(n, 1.0) * np.asarray(params["m"])
-    return _network_model("rod_tree", points, np.zeros_like(points), masses, edges, lengths, [0], params)
+    return _uniform_model("rod_tree", points, np.zeros_like(points), edges, [0], params)
 
 
 def rod_ring(n_rods: int = 32, *, mass=1.0, length=1.0, gravity=9.81, swing: float = 0.5) -> Model:
@@ -224,15 +231,12 @@ def rod_ring(n_rods: int = 32, *, mass=1.0, length=1.0, gravity=9.81, swing: flo
     if n < 3:
         raise ValueError(f"a ring needs at least 3 rods, got {n}")
     params = _params(m=mass, g=gravity, length=length)
-    ell = float(np.asarray(params["length"]))
     phi = 2 * np.pi * np.arange(n) / n
-    radius = ell / (2 * np.sin(np.pi / n))
+    radius = 1.0 / (2 * np.sin(np.pi / n))  # unit rods, scaled by ℓ
     points = np.stack([radius * np.sin(phi), np.zeros(n), radius * (np.cos(phi) - 1.0)], axis=1)
-    momenta = np.stack([np.zeros(n), swing * (1.0 - np.cos(phi)), np.zeros(n)], axis=1) * np.asarray(params["m"])
+    momenta = np.stack([np.zeros(n), swing * (1.0 - np.cos(phi)), np.zeros(n)], axis=1)
     edges = np.stack([np.arange(n), (np.arange(n) + 1) % n], axis=1)
-    lengths = np.full(n, 1.0) * params["length"]
-    masses = np.full(n, 1.0) * np.asarray(params["m"])
-    return _network_model("rod_ring", points, momenta, masses, edges, lengths, [0], params)
+    return _uniform_model("rod_ring", points, momenta, edges, [0], params)
 
 
 #: Rigid-water-like geometry (SPC-like): O–H bond length and H–O–H angle, masses O 16, H 1.
@@ -287,4 +291,4 @@ def water_box(n_side: int = 4, *, spacing: float = 3.0, seed: int = 0, repulsion
     oxygens = 3 * np.arange(len(centres))
     a, b = np.triu_indices(len(centres), 1)
     pairs = np.stack([oxygens[a], oxygens[b]], axis=1)
-    return _network_model("water_box", points, momenta, masses, edges, lengths, [], params, pairs, radius)
+    return _network_model("water_box", jnp.asarray(points), momenta, masses, edges, lengths, [], params, pairs, radius)
