@@ -195,9 +195,10 @@ def true_residual_ok(apply, b, x, rtol):
     return (jnp.linalg.norm(b - apply(x)) <= bound) & jnp.all(jnp.isfinite(x))
 
 
-def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):
+def _chord_linear(apply_j, apply_j0_inv, b, newton, measure):
     """x with J x = b by the iteration x ← x − A₀⁻¹(J x − b), where `apply_j0_inv` applies
-    an approximation A₀⁻¹ of J⁻¹ (symmetric). Returns (x, converged)."""
+    an approximation A₀⁻¹ of J⁻¹ (symmetric); the update test on `measure(Δx)` against
+    `measure(x)`. Returns (x, converged)."""
 
     def cond(carry):
         _, k, done, _, _ = carry
@@ -207,38 +208,50 @@ def _chord_linear(apply_j, apply_j0_inv, b, newton, transpose=False):
         x, k, _, _, last = carry
         dx, inner_ok = apply_j0_inv(apply_j(x) - b, EXACT_RTOL)
         x = x - dx
-        size = jnp.max(jnp.abs(dx))
-        good = newton.small(dx, x) & _contracting(size, last) & inner_ok & jnp.all(jnp.isfinite(x))
+        md = measure(dx)
+        size = jnp.max(jnp.abs(md))
+        tol = newton.atol + newton.rtol * jnp.max(jnp.abs(measure(x)))
+        good = _accepted(size, last, tol, newton) & inner_ok & jnp.all(jnp.isfinite(x))
         return x, k + 1, good | ~jnp.all(jnp.isfinite(x)), good, size
 
     x0, inner_ok = apply_j0_inv(b, EXACT_RTOL)
-    start = (x0, jnp.asarray(0), jnp.asarray(False), inner_ok, jnp.max(jnp.abs(x0)))
+    start = (x0, jnp.asarray(0), jnp.asarray(False), inner_ok, jnp.max(jnp.abs(measure(x0))))
     x, _, _, ok, _ = lax.while_loop(cond, body, start)
     return x, ok
 
 
-def _contracting(size, last):
-    """The update test is trusted only while the iteration contracts: an update no larger
-    than the one before (the test |Δ| ≤ atol + rtol|ν| is relative, and an iteration that
-    diverges makes |ν| large enough to pass it)."""
-    return size <= last
+def _accepted(size, last, tol, newton):
+    """The update test |Δ| ≤ tol, trusted only while the iteration contracts (an update no
+    larger than the one before) or once the update is below the absolute tolerance alone:
+    the relative part of the test grows with the iterate, so an iteration that runs off
+    would pass it; at round-off the updates need not decrease."""
+    return (size <= tol) & ((size <= last) | (size <= newton.atol))
 
 
-def chord_solve(residual, guess, apply_j0_inv, newton, inv_diag):
+def chord_solve(residual, guess, apply_j0_inv, newton, inv_diag, measure=None, scale=None):
     """The root ν of `residual(ν) = 0` (flat, m unknowns) by the chord iteration
     ν ← ν − A₀⁻¹ residual(ν), with `apply_j0_inv(r, rtol) -> (x, ok)` an inexact solve with a
-    fixed approximation A₀ of the Jacobian; stops on Newton's update test (`newton.small`)
-    or after `newton.max_steps` iterations. The root found is then checked: the correction
-    its residual asks for, estimated by the Jacobi approximation `inv_diag` ≈ diag(A₀)⁻¹,
-    must be within 10× the update test (an iteration that ran off, e.g. on a singular A₀
-    whose solves stayed within their loose tolerance, passes the relative update test at
-    a huge ν, not this one).
+    fixed approximation A₀ of the Jacobian; stops on Newton's update test or after
+    `newton.max_steps` iterations.
+
+    The test is on `measure(Δν)` (a linear map; default the identity), against
+    `newton.atol + newton.rtol·scale` (default `scale` = |ν|): RATTLE measures what moves the
+    positions, Δq₁ = −M⁻¹GᵀΔν, against the size of q, since along the soft modes of an
+    ill-conditioned G M⁻¹Gᵀ (a long ring of rods) ν itself is set by round-off far above
+    any absolute tolerance while q₁ is exact. The root found is then checked: the
+    correction its residual asks for, estimated by the Jacobi approximation `inv_diag` ≈
+    diag(A₀)⁻¹ and measured the same way, must be within 10× the test (an iteration that ran
+    off, e.g. on a singular A₀ whose solves stayed within their loose tolerance, fails it).
 
     Returns `(NewtonResult, linear_ok)`: `linear_ok` is False when the last inner solve did
     not reach its tolerance (so a failure is the linear solve's, not the iteration's).
     Differentiable by the implicit function theorem: tangents solve with the exact Jacobian
     (`jax.lax.custom_root`), by `_chord_linear` inside `jax.lax.custom_linear_solve`.
     """
+    measure = (lambda d: d) if measure is None else measure
+
+    def tolerance(y):
+        return newton.atol + newton.rtol * (jnp.max(jnp.abs(y)) if scale is None else scale)
 
     def solve(fn, y0):
         def cond(carry):
@@ -249,21 +262,21 @@ def chord_solve(residual, guess, apply_j0_inv, newton, inv_diag):
             y, k, _, _, _, last = carry
             dy, inner_ok = apply_j0_inv(fn(y), INNER_RTOL)
             y = y - dy
-            size = jnp.max(jnp.abs(dy))
-            small = newton.small(dy, y) & _contracting(size, last)
+            size = jnp.max(jnp.abs(measure(dy)))
+            small = _accepted(size, last, tolerance(y), newton)
             finite = jnp.all(jnp.isfinite(y))
             return y, k + 1, small | ~finite, small & finite, inner_ok, size
 
         no = jnp.asarray(False)
         inf = jnp.asarray(jnp.inf, y0.dtype)
         y, k, _, ok, inner_ok, _ = lax.while_loop(cond, body, (y0, jnp.asarray(0), no, no, jnp.asarray(True), inf))
-        estimate = jnp.max(jnp.abs(inv_diag * fn(y)))
-        ok = ok & (estimate <= 10.0 * (newton.atol + newton.rtol * jnp.max(jnp.abs(y))))
+        estimate = jnp.max(jnp.abs(measure(inv_diag * fn(y))))
+        ok = ok & (estimate <= 10.0 * tolerance(y))
         return y, jnp.stack([ok, k, inner_ok]).astype(y.dtype)
 
     def tangent_solve(lin, b):
         def forward(matvec, rhs):
-            return _chord_linear(matvec, apply_j0_inv, rhs, newton)
+            return _chord_linear(matvec, apply_j0_inv, rhs, newton, measure)
 
         x, _ = lax.custom_linear_solve(lin, b, forward, forward, has_aux=True)
         return x

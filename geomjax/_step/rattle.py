@@ -209,8 +209,10 @@ class Rattle(SystemStep):
                 x, ok = plan.apply_inverse(prepared, gram, r, rtol)
                 return -x, ok
 
+            # the update test on what moves q₁ (Δq₁ = shift(Δν)) against the size of q
+            scale = jnp.maximum(jnp.max(jnp.abs(q)), jnp.max(jnp.abs(q_free)))
             res, linear_ok = chord_solve(lambda nu: mech.g(q_free + shift(nu)), zero, chord_step, self.newton,
-                                         inv_diag)
+                                         inv_diag, measure=shift, scale=scale)
             q1, p_half = advance(res.value)
             # a failed iteration whose last correction did not converge is the linear solve's failure
             res = eqx.tree_at(lambda r: r.converged, res, res.converged & linear_ok)
