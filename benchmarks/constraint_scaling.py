@@ -52,6 +52,7 @@ import jax
 import numpy as np
 
 import geomjax
+from _harness import timeit
 from geomjax.experiments._rod_floors import H_STEP, check_floors, floors, geomjax_scan, scan_run
 
 
@@ -65,13 +66,7 @@ def compiled(run, x0):
 
 
 def best_time(fn, x0, rounds):
-    jax.block_until_ready(fn(x0))
-    best = np.inf
-    for _ in range(rounds):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(x0))
-        best = min(best, time.perf_counter() - t)
-    return best
+    return timeit(fn, x0, repeat=rounds)
 
 
 def build(kind, size):
@@ -121,25 +116,12 @@ def run_case(kind, size, args):
 
 
 def dense_dirac(system):
-    """The Dirac field with C formed densely (m products, one per column) and solved by
-    LAPACK: what a person writes without the sparsity (the comparison for the fields)."""
+    """The Dirac field with C formed densely (one pullback per constraint, LAPACK): what the
+    derivation costs without the sparsity (the comparison for the fields)."""
     from geomjax._field import derived
 
     s = system.structure
-
-    def field(x):
-        z = s.split(x)
-        m = system.constraint_functions(x).shape[0]
-        grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
-        x_h = s.apply(z, grad_h)
-        _, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
-        grads = jax.vmap(lambda e: f_vjp(e)[0])(np.eye(m))
-        fields = jax.vmap(lambda g: s.apply(z, g))(grads)
-        h = derived.stacked_dot(fields, jax.tree_util.tree_map(lambda g: g[None], grad_h))[:, 0]
-        c = jax.numpy.linalg.solve(derived.stacked_dot(grads, fields).T, h)
-        return s.merge(jax.tree_util.tree_map(lambda a, b: a - b, x_h, derived.stacked_combination(c, fields)))
-
-    return field
+    return lambda x: s.merge(derived.dirac_vector(derived.dense_constraint_data(system, s.split(x))))
 
 
 def run_fields(kind, size, args):

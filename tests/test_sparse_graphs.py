@@ -13,16 +13,11 @@ from geomjax._status import RESULTS
 from geomjax._step import rattle as rattle_module
 from geomjax.internal.sparsity import jacobian_sparsity
 from geomjax.models._rod_networks import RodConstraints, _Indices
+from test_sparsity import _random_jacobian_support as _support
 
 H = 0.005
 
 
-def _support(fn, n, rng, samples=3):
-    out = np.zeros((0, n), bool)
-    for _ in range(samples):
-        jac = np.asarray(jax.jacfwd(fn)(jnp.asarray(rng.normal(size=n)))) != 0
-        out = jac if out.size == 0 else out | jac
-    return out
 
 
 def _positions(model):
@@ -310,20 +305,11 @@ def test_hand_written_floors_agree_with_geomjax():
 
 # --------------------------------------------------------------------------- Dirac and feedback fields
 def _dense_dirac(system, x):
-    """X_H − Σ c_j X_{f_j} with C formed densely and solved by LAPACK (the reference)."""
+    """X_H − Σ c_j X_{f_j} with C formed densely (`dense_constraint_data`): the reference."""
     from geomjax._field import derived
 
     s = system.structure
-    z = s.split(x)
-    m = system.constraint_functions(x).shape[0]
-    grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
-    x_h = s.apply(z, grad_h)
-    _, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
-    grads = jax.vmap(lambda e: f_vjp(e)[0])(np.eye(m))
-    fields = jax.vmap(lambda g: s.apply(z, g))(grads)
-    h = derived.stacked_dot(fields, jax.tree_util.tree_map(lambda g: g[None], grad_h))[:, 0]
-    c = jnp.linalg.solve(derived.stacked_dot(grads, fields).T, h)
-    return s.merge(jax.tree_util.tree_map(jnp.subtract, x_h, derived.stacked_combination(c, fields)))
+    return s.merge(derived.dirac_vector(derived.dense_constraint_data(system, s.split(x))))
 
 
 @pytest.mark.parametrize("build", [lambda: geomjax.models.cloth(4), lambda: geomjax.models.rod_ring(20),

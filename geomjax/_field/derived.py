@@ -307,7 +307,19 @@ def constraint_data(system: System, z):
         return _gram_constraint_data(system, z, grad_h, x_h, plan)
     if plan is not None:
         return _sparse_constraint_data(system, z, grad_h, x_h, plan)
+    return dense_constraint_data(system, z, grad_h, x_h)
+
+
+def dense_constraint_data(system: System, z, grad_h=None, x_h=None):
+    """`ConstraintData` with Df, X_f and C formed densely (one pullback per constraint),
+    whatever C's pattern: the path of small or dense systems, and the reference the
+    sparse paths are tested and measured against."""
+    s = system.structure
+    if grad_h is None:
+        grad_h = jax.grad(lambda w: s.evaluate(system.hamiltonian, w))(z)
+        x_h = s.apply(z, grad_h)
     values, f_vjp = jax.vjp(lambda w: s.evaluate(system.constraint_functions, w), z)
+    m = values.shape[0]
     if m == 0:
         return ConstraintData(grad_h, x_h, values, None, None, jnp.zeros((0, 0), values.dtype))
     # numpy: literal unit cotangents that XLA (and the simplification pass) can fold.

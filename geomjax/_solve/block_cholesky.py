@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..internal.sparsity import Pattern
+from ..internal.sparsity import Pattern, grouped
 
 #: The smallest block: blocks below it run more sequential steps than their dense work saves.
 MIN_BLOCK = 16
@@ -239,11 +239,4 @@ class BlockCholeskyPlan(eqx.Module):
 def _column_colors(rows, cols, m):
     """Colours of the columns of a square pattern given by (rows, cols), no two columns of a
     colour sharing a row (greedy)."""
-    order = np.argsort(rows, kind="stable")
-    r, c = rows[order], cols[order]
-    counts = np.bincount(r, minlength=m)
-    w = int(counts.max())
-    idx = np.full((m, w), -1, np.int64)
-    rank = np.arange(r.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    idx[r, rank] = c
-    return Pattern((m,), idx, np.zeros(m, bool), m).coloring()
+    return Pattern((m,), grouped(rows, cols, m), np.zeros(m, bool), m).coloring()

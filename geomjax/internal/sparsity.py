@@ -97,13 +97,9 @@ class Pattern:
         """The pattern of a boolean matrix (m, n)."""
         dense = np.asarray(dense, bool)
         m, n = dense.shape
-        counts = dense.sum(axis=1)
-        w = int(counts.max()) if m else 0
-        idx = np.full((m, w), -1, np.int64)
         rows, cols = np.nonzero(dense)
-        rank = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        idx[rows, w - counts[rows] + rank] = cols  # right-aligned, as `_canonical` leaves them
-        return cls((m,), idx, np.zeros(m, bool), n)
+        idx, full = _canonical(grouped(rows, cols, m), np.zeros(m, bool), n)
+        return cls((m,), idx, full, n)
 
     @property
     def size(self):
@@ -188,18 +184,22 @@ class Pattern:
         return _greedy(cols_rows, self)
 
 
-def _group(groups, values, n_groups, n):
-    """The pattern whose entry g holds the `values` paired with `groups == g`."""
+def grouped(groups, values, n_groups: int) -> np.ndarray:
+    """Row g of the result holds the `values` paired with `groups == g`, in their order,
+    padded with −1 to the largest group (n_groups, w)."""
     groups = np.asarray(groups, np.int64)
     values = np.asarray(values, np.int64)
     order = np.argsort(groups, kind="stable")
     groups, values = groups[order], values[order]
     counts = np.bincount(groups, minlength=n_groups)
-    w = int(counts.max()) if counts.size else 0
-    idx = np.full((n_groups, w), -1, np.int64)
-    rank = np.arange(groups.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    idx[groups, rank] = values
-    idx, full = _canonical(idx, np.zeros(n_groups, bool), n)
+    out = np.full((n_groups, int(counts.max()) if counts.size else 0), -1, np.int64)
+    out[groups, np.arange(groups.size) - np.repeat(np.cumsum(counts) - counts, counts)] = values
+    return out
+
+
+def _group(groups, values, n_groups, n):
+    """The pattern whose entry g holds the `values` paired with `groups == g`."""
+    idx, full = _canonical(grouped(groups, values, n_groups), np.zeros(n_groups, bool), n)
     return Pattern((n_groups,), idx, full, n)
 
 
@@ -394,18 +394,10 @@ def _stack_rows(pats):
 
 def _gather_union(pat: Pattern, groups, members, n_groups, shape):
     """Entry g of the result is the union of the sets `members[groups == g]` of `pat`."""
-    order = np.argsort(groups, kind="stable")
-    groups, members = groups[order], members[order]
-    counts = np.bincount(groups, minlength=n_groups)
-    c = int(counts.max()) if counts.size else 0
-    src = np.full((n_groups, c), -1, np.int64)
-    rank = np.arange(groups.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    src[groups, rank] = members
-    if n_groups * c * max(pat.idx.shape[1], 1) > _WORK_CAP:
-        union = np.zeros(pat.n, bool)
-        union[pat.idx[pat.idx >= 0]] = True
-        full = np.full(n_groups, True)
-        return Pattern(shape, np.zeros((n_groups, 0), np.int64), full, pat.n)
+    src = grouped(groups, members, n_groups)
+    c = src.shape[1]
+    if n_groups * c * max(pat.idx.shape[1], 1) > _WORK_CAP:  # too much work: every input (sound)
+        return Pattern(shape, np.zeros((n_groups, 0), np.int64), np.full(n_groups, True), pat.n)
     picked = pat.select(src.reshape(-1), (src.size,))
     full = picked.full.reshape(n_groups, c).any(axis=1) if c else np.zeros(n_groups, bool)
     idx, full = _canonical(picked.idx.reshape(n_groups, -1), full, pat.n)
