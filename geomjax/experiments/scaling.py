@@ -15,7 +15,7 @@ Methods:
 - geomjax dense: `structured=False` (k forward products and a dense LU), for m ≤ 300;
 - the hand-written floors of `geomjax.experiments._rod_floors`: block-banded Cholesky,
   and the chord iteration with Jacobi-preconditioned CG (warm-started multipliers), for
-  m ≤ 1200 (its iterations grow with the condition number, which grows with the size
+  m ≤ 600 (its iterations grow with the condition number, which grows with the size
   of a cloth or a ring).
 
 Figure 1: µs per step against m, a panel per graph. Figure 2: compile time and memory of
@@ -46,7 +46,7 @@ GRAPHS = {"cloth": "n × n cloth", "tree": "random tree of rods", "ring": "close
 METHODS = ("geomjax", "geomjax dense", "floor banded", "floor CG")
 STYLES = {"geomjax": {"color": "tab:red"}, "geomjax dense": {"color": "tab:gray"},
           "floor banded": {"color": "tab:blue", "linestyle": "--"}, "floor CG": {"color": "tab:green", "linestyle": "--"}}
-DENSE_MAX, FLOOR_CG_MAX = 300, 1200
+DENSE_MAX, FLOOR_CG_MAX = 300, 600
 
 
 def _steps(m):
