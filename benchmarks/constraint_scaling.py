@@ -23,7 +23,7 @@ triatomic molecules. For each size, in one process and interleaved rounds (best 
                 form, pinned particles as infinite masses): the position multipliers by the
                 chord iteration ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by PCG to a relative
                 1e−3, the velocity multipliers by PCG to 1e−14, stopping on the same update test as
-                geomjax (|Δν| ≤ 1e−13(1 + |ν|)); "warm" starts both from the previous step's
+                geomjax (|M⁻¹GᵀΔν| ≤ 1e−13(1 + |q|)); "warm" starts both from the previous step's
                 multipliers (carried in the loop), "cold" from zero;
 - floor SHAKE (up to `--floor-max`):  RATTLE by coloured SHAKE/RATTLE sweeps (nonlinear Gauss–Seidel over the rods,
                 rods of one colour share no particle so a colour is one vectorised update; over-

@@ -7,7 +7,8 @@ models' pin constraints), with G, Gᵀ and the entries of G M⁻¹Gᵀ in closed
 
 - `cg_floor`: the position multipliers by the chord iteration ν ← ν + A₀⁻¹g(q₁(ν)),
   A₀ = G(q)M⁻¹G(q)ᵀ by Jacobi-preconditioned CG to a relative `INNER_RTOL`, the velocity
-  multipliers by PCG to 1e−14, the update test of geomjax's Newton (|Δν| ≤ 1e−13(1 + |ν|));
+  multipliers by PCG to 1e−14, the update test of geomjax's chord iteration on what moves
+  the positions, |M⁻¹GᵀΔν| ≤ 1e−13(1 + |q|);
   `warm=True` starts both from the previous step's multipliers (carried in the loop);
 - `shake_floor`: coloured SHAKE (positions) and RATTLE (velocities) sweeps: nonlinear
   Gauss–Seidel over the rods, a colour of rods sharing no particle updated at once,
@@ -118,7 +119,7 @@ def cg_floor(model, warm: bool):
             r = g(q_free - inv * g_t(d0, nu))
             delta = _pcg(a0, r, inv_d0, INNER_RTOL, jnp.zeros_like(r))
             nu = nu + delta
-            return nu, k + 1, jnp.max(jnp.abs(delta)) <= 1e-13 * (1 + jnp.max(jnp.abs(nu)))
+            return nu, k + 1, jnp.max(jnp.abs(inv * g_t(d0, delta))) <= 1e-13 * (1 + jnp.max(jnp.abs(q)))
 
         nu, _, _ = lax.while_loop(cond, body, (nu, 0, False))
         q1 = q_free - inv * g_t(d0, nu)
@@ -293,7 +294,7 @@ def banded_floor(model):
             nu, k, _ = c
             delta = solve(f0, g(q_free - inv * g_t(d0, nu)))
             nu = nu + delta
-            return nu, k + 1, jnp.max(jnp.abs(delta)) <= 1e-13 * (1 + jnp.max(jnp.abs(nu)))
+            return nu, k + 1, jnp.max(jnp.abs(inv * g_t(d0, delta))) <= 1e-13 * (1 + jnp.max(jnp.abs(q)))
 
         nu, _, _ = lax.while_loop(lambda c: (c[1] < 50) & ~c[2], body, (jnp.zeros(m), 0, False))
         q1 = q_free - inv * g_t(d0, nu)

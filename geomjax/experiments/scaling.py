@@ -29,6 +29,7 @@ import time
 
 import jax
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 import geomjax
 
@@ -110,6 +111,7 @@ def _cost_figure(path, cases):
                 ms, us = zip(*pts)
                 ax.loglog(ms, _positive(np.asarray(us)), label=name, **_marked(STYLES[name], i, len(METHODS), len(ms)))
         ax.set_title(GRAPHS[kind], fontsize=10)
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decade labels only: no overlapping minor ones
         ax.set_xlabel("constraints m")
         ax.set_ylabel("µs per RATTLE step")
         ax.grid(True, which="both", alpha=0.3)
@@ -136,6 +138,7 @@ def _compile_figure(path, cases):
     for ax in axes.ravel():
         ax.set_xlabel("constraints m")
         ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_minor_formatter(NullFormatter())
     axes[0, 0].set_ylim(bottom=0)
     axes[0, 1].legend(fontsize=8)
     _title(fig, None, "geomjax's RATTLE program: compile time and memory against the number of constraints", 11)
