@@ -12,7 +12,7 @@ triatomic molecules. For each size, in one process and interleaved rounds (best 
 - banded / krylov: geomjax with its sparse plan forced: the block Cholesky of the RCM-ordered
                 G M⁻¹Gᵀ (`structured="banded"`) or Jacobi-preconditioned CG (`"krylov"`, up to
                 `--krylov-max` constraints); the default picks the first when the RCM band is at most
-                `geomjax._step.rattle.MAX_DIRECT_BAND`;
+                `geomjax._solve.block_cholesky.direct_band_limit(m)` = max(96, 2√m);
 - dense:        `geomjax.rattle(model.system, structured=False)` (k jvps, LAPACK LU), up to
                 `--dense-max` constraints: where the switch to the sparse path pays;
 - floor banded: RATTLE written by hand with block-banded Cholesky solves: A's entries in closed

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import diagonal_weights, pick_diagonal, shifted
-from .._solve.block_cholesky import BlockCholeskyPlan
+from .._solve.block_cholesky import BlockCholeskyPlan, direct_band_limit
 from .._solve.krylov import EXACT_RTOL, GramPlan, symmetric_solve
 from .._solve.linalg import _UNROLL_MAX, small_solve, tridiagonal_solve_pair
 from .._system.system import System
@@ -155,8 +155,6 @@ class GramDiracPlan(eqx.Module):
 #: The fewest constraint pairs k for which a sparse A that is not tridiagonal is solved
 #: by `GramDiracPlan` rather than densely (as RATTLE's `KRYLOV_MIN_CONSTRAINTS`).
 GRAM_MIN = 16
-#: The widest RCM band of A solved by the block Cholesky factorization (as RATTLE's).
-GRAM_MAX_DIRECT_BAND = 96
 #: The largest k for which the tridiagonal test densifies A's and D's patterns.
 _DENSE_TEST_MAX = 4096
 
@@ -211,7 +209,7 @@ def block_tridiagonal_plan(system: System, z, m: int):
                 return BlockTridiagonalPlan(k, seeds, a_weights, d_weights, n_colors * n >= _LOOPED_PRODUCTS_MIN)
     if k < GRAM_MIN:
         return None
-    gram = BlockCholeskyPlan.from_pattern(a_sparse, GRAM_MAX_DIRECT_BAND) or GramPlan.from_pattern(a_sparse)
+    gram = BlockCholeskyPlan.from_pattern(a_sparse, direct_band_limit(k)) or GramPlan.from_pattern(a_sparse)
     return None if gram is None else GramDiracPlan(k, gram)
 
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
-from .._solve.block_cholesky import BlockCholeskyPlan
+from .._solve.block_cholesky import BlockCholeskyPlan, direct_band_limit
 from .._solve.krylov import GramPlan, chord_solve, pcg, symmetric_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
@@ -112,7 +112,7 @@ def _structure(residual, zero, choice=None):
       sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`);
     - for another sparse pattern of at least `KRYLOV_MIN_CONSTRAINTS` rows, a
       `BlockCholeskyPlan` (RCM order, block Cholesky) when its band is at most
-      `MAX_DIRECT_BAND`, else a `GramPlan` (conjugate gradients).
+      `direct_band_limit(k)` = max(96, 2√k), else a `GramPlan` (conjugate gradients).
 
     `choice`: None (the above), "krylov" or "banded" (that sparse plan at any k where the
     pattern is sparse), False (never a sparse plan beyond the chain's)."""
@@ -133,7 +133,7 @@ def _structure(residual, zero, choice=None):
         pattern = jacobian_sparsity(residual, k, zero.dtype)
     except Exception:  # an analysis that cannot trace: dense
         return None
-    return BlockCholeskyPlan.from_pattern(pattern, MAX_DIRECT_BAND) or GramPlan.from_pattern(pattern)
+    return BlockCholeskyPlan.from_pattern(pattern, direct_band_limit(k)) or GramPlan.from_pattern(pattern)
 
 
 _SPARSE_PLANS = (GramPlan, BlockCholeskyPlan)
@@ -301,9 +301,6 @@ _SIMPLIFIED_CONSTRAINTS = 2
 #: rather than the dense path; measured on the cloth, ring and tree in
 #: benchmarks/constraint_scaling.py.
 KRYLOV_MIN_CONSTRAINTS = 16
-#: The widest RCM band solved by the block Cholesky factorization (above, conjugate
-#: gradients); measured in benchmarks/constraint_scaling.py.
-MAX_DIRECT_BAND = 96
 # `structured` → the `choice` argument of `_structure`.
 _KRYLOV_CHOICE = {True: None, "krylov": "krylov", "banded": "banded"}
 
