@@ -134,7 +134,8 @@ class GramPlan(eqx.Module):
 
 def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = None):
     """Conjugate gradients for A x = b (A symmetric positive definite, given by `apply`),
-    preconditioned by the diagonal `inv_diag` ≈ diag(A)⁻¹.
+    preconditioned by the diagonal `inv_diag` ≈ diag(A)⁻¹, or by `inv_diag(r)` where it is a
+    callable (an approximate inverse of A, e.g. the factors of a nearby matrix).
 
     Stops when ‖b − A x‖₂ ≤ rtol·‖b‖₂ (a zero b gives x = 0 at once) or after `max_steps`
     iterations (default 10·m + 50). Returns `(x, converged, steps)`; `converged` is False
@@ -144,7 +145,8 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
     limit = 10 * m + 50 if max_steps is None else max_steps
     x = jnp.zeros_like(b) if x0 is None else x0
     r = b - apply(x) if x0 is not None else b
-    z = inv_diag * r
+    precondition = inv_diag if callable(inv_diag) else (lambda v: inv_diag * v)
+    z = precondition(r)
     target = (rtol * jnp.linalg.norm(b)) ** 2
 
     def cond(carry):
@@ -158,7 +160,7 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
         alpha = rz / jnp.vdot(d, ad)
         x = x + alpha * d
         r = r - alpha * ad
-        z_new = inv_diag * r
+        z_new = precondition(r)
         beta = jnp.vdot(r, z_new) / rz
         return x, r, z_new, z_new + beta * d, jnp.vdot(r, r), k + 1
 
@@ -182,6 +184,22 @@ def symmetric_solve(apply, b, plan, prepared, rtol: float = EXACT_RTOL):
     solve = lambda matvec, rhs: plan.apply_inverse(prepared, matvec, rhs, rtol)[0]
     x = lax.custom_linear_solve(apply, b, solve, symmetric=True)
     return x, lax.stop_gradient(plan.accepts(apply, b, x, rtol))
+
+
+class PreconditionedCG:
+    """A sparse symmetric solve (the interface of `GramPlan`) by `pcg` with a given
+    preconditioner: `prepared` is a callable r ↦ P⁻¹r. RATTLE's velocity stage takes the
+    block Cholesky factors of the position stage's G(q)M⁻¹G(q)ᵀ for G(q₁)M⁻¹G(q₁)ᵀ: a few
+    iterations, each one product and two sweeps of the factors, instead of a factorization."""
+
+    @staticmethod
+    def apply_inverse(prepared, linear, b, rtol):
+        x, ok, _ = pcg(linear, b, prepared, rtol=rtol)
+        return x, ok
+
+    @staticmethod
+    def accepts(linear, b, x, rtol):
+        return true_residual_ok(linear, b, x, rtol)
 
 
 def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):

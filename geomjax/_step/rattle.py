@@ -29,7 +29,7 @@ import numpy as np
 
 from .._solve.banded import TridiagonalJacobian
 from .._solve.block_cholesky import BlockCholeskyPlan, direct_band_limit
-from .._solve.krylov import GramPlan, chord_solve, pcg, symmetric_solve
+from .._solve.krylov import GramPlan, PreconditionedCG, chord_solve, pcg, symmetric_solve
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
@@ -67,7 +67,7 @@ class _Mechanics(eqx.Module):
         return jax.jvp(self.g, (q,), (v,))[1]
 
 
-def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
+def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None, precondition=None):
     """The RATTLE velocity stage: μ such that p₁ = p_free − (h/2)G(q₁)ᵀμ satisfies the hidden
     constraint G(q₁)∂H/∂p(q₁, p₁) = 0. Returns `(p₁, converged)`.
 
@@ -77,7 +77,9 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     products with coloured seeds and a tridiagonal solve; with a `BlockCholeskyPlan`,
     from c coloured products into RCM-ordered blocks and a block Cholesky factorization;
     with a `GramPlan`, conjugate gradients on −A, products by forward mode, never formed
-    (`converged` is the linear solve's).
+    (`converged` is the linear solve's). `precondition` (r ↦ P⁻¹r, the position stage's
+    factors of a nearby matrix): conjugate gradients preconditioned by it instead of a new
+    factorization.
     """
     _, transpose = mech.g_and_transpose(q1)
 
@@ -93,7 +95,10 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None):
     if isinstance(plan, _SPARSE_PLANS):
         r0, linear = jax.linearize(residual, zero)
         positive = lambda v: -linear(v)  # (h/2) G M⁻¹Gᵀ: symmetric positive definite
-        mu, ok = symmetric_solve(positive, r0, plan, plan.prepare(positive, zero.dtype))
+        if precondition is not None:
+            mu, ok = symmetric_solve(positive, r0, PreconditionedCG, precondition)
+        else:
+            mu, ok = symmetric_solve(positive, r0, plan, plan.prepare(positive, zero.dtype))
         return momentum(mu), ok
     if plan is not None:
         r0, linear = jax.linearize(residual, zero)
@@ -216,6 +221,10 @@ class Rattle(SystemStep):
             q1, p_half = advance(res.value)
             # a failed iteration whose last correction did not converge is the linear solve's failure
             res = eqx.tree_at(lambda r: r.converged, res, res.converged & linear_ok)
+            if isinstance(plan, BlockCholeskyPlan):
+                # A₀'s factors precondition the velocity stage's G(q₁)M⁻¹G(q₁)ᵀ (h/2 apart)
+                precondition = lambda v: (2.0 / h) * plan.solve(prepared, v)
+                return q1, p_half, res, (linear_ok, precondition)
             return q1, p_half, res, linear_ok
         if plan is not None:
             # The Newton matrix G(q₁)D = −G(q₁)M⁻¹G(q)ᵀ is tridiagonal (a chain): D stays a
@@ -266,16 +275,18 @@ class Rattle(SystemStep):
         q, p = z
         mech = self._mech
         plan = self._plan(q, p, h)
-        position_ok = True
+        position_ok, precondition = True, None
         if self.separable:
             q1, p_half, res, position_ok = self._position_stage_separable(
                 q, p, h, plan if self.newton.backend == "unrolled" else None)
+            if isinstance(position_ok, tuple):
+                position_ok, precondition = position_ok
         else:
             q1, p_half, res = self._position_stage_general(q, p, h)
         p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
         linear_ok = jnp.asarray(position_ok)
         if self.velocity_projection:
-            p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan)
+            p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan, precondition)
             linear_ok = linear_ok & velocity_ok
         else:
             # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
