@@ -380,3 +380,15 @@ def test_sweep_over_a_parameter_of_a_sparse_graph():
                               geomjax.models.cloth(4).x0, dt=0.005, steps=40)
     assert np.all(np.asarray(result.status) == 0)
     np.testing.assert_allclose(result.xs[1, -1], alone.xs[-1], atol=1e-13)
+
+
+@pytest.mark.parametrize("module", ["geomjax._solve.krylov", "geomjax._solve.block_cholesky",
+                                    "geomjax.internal.sparsity"])
+def test_internal_examples_run(module):
+    """The examples in the docstrings of the sparse solvers' modules (not public names, so
+    `test_docstrings.py` does not collect them)."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
