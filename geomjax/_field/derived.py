@@ -156,8 +156,6 @@ class GramDiracPlan(eqx.Module):
 #: by `GramDiracPlan` rather than densely (the Dirac field of a 4 × 4 cloth, k = 28: 18.7
 #: against 43.2 µs per Euler step densely).
 GRAM_MIN = 16
-#: The largest k for which the tridiagonal test densifies A's and D's patterns.
-_DENSE_TEST_MAX = 4096
 
 
 def _columns(pattern: Pattern, start: int, stop: int) -> Pattern:
@@ -193,7 +191,9 @@ def block_tridiagonal_plan(system: System, z, m: int):
     if c_pat.full.any() or _columns(_rows(c_pat, 0, k), 0, k).count().any():
         return None
     a_sparse = _columns(_rows(c_pat, 0, k), k, m)
-    if k <= _DENSE_TEST_MAX:
+    d_sparse = _columns(_rows(c_pat, k, m), k, m)
+    if a_sparse.bandwidth() <= 1 and d_sparse.bandwidth() <= _D_BANDWIDTH_MAX:
+        # a chain: the tridiagonal plan reads its (narrow) patterns densely
         dense = c_pat.dense()
         a_pat, d_pat = dense[:k, k:], dense[k:, k:]
         if bandwidth(a_pat) <= 1 and bandwidth(d_pat) <= _D_BANDWIDTH_MAX:

@@ -34,6 +34,7 @@ from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
 from ..internal.simplify import scalar_graph
+from ..internal.sparsity import jacobian_sparsity
 from .base import SystemStep, newton_status
 from .._system.system import HolonomicSystem, System
 from .._validate import as_state
@@ -124,20 +125,21 @@ def _structure(residual, zero, choice=None):
     k = zero.shape[0]
     if choice is None and k <= _SIMPLIFIED_CONSTRAINTS:
         return None
+    try:
+        pattern = jacobian_sparsity(residual, k, zero.dtype)  # read once, for every plan
+    except Exception:  # an analysis that cannot trace: dense
+        return None
+    if pattern.size != k or pattern.n != k:
+        return None
     if choice is None or choice is False:
-        plan = TridiagonalJacobian.of(residual, k, zero.dtype)
+        # a chain: tridiagonal (its k × k pattern is read densely, as the plan needs it)
+        plan = TridiagonalJacobian.from_pattern(pattern.dense()) if pattern.bandwidth() <= 1 else None
         if plan is not None or choice is False or k < SPARSE_MIN_CONSTRAINTS:
             return plan
     if choice == "krylov":
-        return GramPlan.of(residual, k, zero.dtype)
+        return GramPlan.from_pattern(pattern)
     if choice == "banded":
-        return BlockCholeskyPlan.of(residual, k, zero.dtype)
-    try:
-        from ..internal.sparsity import jacobian_sparsity
-
-        pattern = jacobian_sparsity(residual, k, zero.dtype)
-    except Exception:  # an analysis that cannot trace: dense
-        return None
+        return BlockCholeskyPlan.from_pattern(pattern)
     return BlockCholeskyPlan.from_pattern(pattern, direct_band_limit(k)) or GramPlan.from_pattern(pattern)
 
 

@@ -153,17 +153,19 @@ class Pattern:
 
     def matmul(self, other: "Pattern"):
         """The pattern of a product X·Y of matrices with these (m, k) and (k, p) patterns."""
-        if self.full.any():
-            full = self.full.copy()
-            idx = self.idx
-        else:
-            full = np.zeros(self.size, bool)
-            idx = self.idx
+        idx = self.idx
         picked = other.select(idx.reshape(-1), (idx.size,))
         w = picked.idx.shape[1]
-        out_full = full | picked.full.reshape(self.size, -1).any(axis=1)
+        out_full = self.full | picked.full.reshape(self.size, -1).any(axis=1)
         out = _canonical(picked.idx.reshape(self.size, idx.shape[1] * w), out_full, other.n)
         return Pattern((self.size,), out[0], out[1], other.n)
+
+    def bandwidth(self) -> int:
+        """max |i − j| over the possible nonzeros (i, j) of a square pattern (a full row: n − 1)."""
+        if self.full.any():
+            return self.n - 1
+        rows, cols = self.nonzeros()
+        return int(np.max(np.abs(rows - cols))) if rows.size else 0
 
     def symmetric_coloring(self):
         """A colour per row of a square pattern such that rows i ≠ j with (i, j) or (j, i)
