@@ -255,15 +255,16 @@ def test_chain_uses_the_tridiagonal_schur_complement_and_agrees_with_the_dense_s
     # A Ziegler column of 6 rods: W = M is diagonal and S = α M⁻¹ αᵀ tridiagonal (6 > the
     # unrolled size), so the block elimination divides by W and solves S in O(k).
     from geomjax._solve import structure
-    from geomjax._step.dirac import _Equations, _affine_pattern
+    from geomjax._step.dirac import _Equations, _affine_structure
 
     model = geomjax.models.ziegler_column(6, P=0.3, angles=jnp.full((6,), 0.05))
     step = geomjax.dirac1(model.lagrangian, holonomic=model.holonomic)
     q, p = step.split(model.x0)
     h = jnp.asarray(0.01)
     eqs = _Equations(step.system, step.velocity, "velocity", (), q, p, h)
-    pattern = _affine_pattern(eqs)
-    assert pattern is not None
+    affine = _affine_structure(eqs)
+    assert affine is not None
+    pattern = affine.dense()
     sparse = structure.saddle_linear_solve(eqs, eqs.zeros(), pattern)
     dense = structure.saddle_linear_solve(eqs, eqs.zeros())
     for a, b in zip(sparse, dense):

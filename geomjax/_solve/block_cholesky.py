@@ -116,32 +116,8 @@ class BlockCholeskyPlan(eqx.Module):
     def from_pattern(cls, pattern: Pattern, max_block: int | None = None) -> "BlockCholeskyPlan | None":
         """The plan for a square sparse pattern, or None where it has dense rows or its RCM
         bandwidth exceeds `max_block`."""
-        m = pattern.size
-        if m == 0 or pattern.n != m or pattern.full.any():
-            return None
-        perm = rcm_order(pattern)
-        where = np.empty(m, np.int64)
-        where[perm] = np.arange(m)
-        rows, cols = pattern.nonzeros()
-        rows, cols = np.concatenate([rows, cols, np.arange(m)]), np.concatenate([cols, rows, np.arange(m)])
-        band = int(np.max(np.abs(where[rows] - where[cols])))
-        if max_block is not None and band > max_block:
-            return None
-        s = max(band, MIN_BLOCK)
-        nb = -(-m // s)
-        colors = _column_colors(rows, cols, m)
-        n_colors = int(colors.max()) + 1
-        seeds = np.zeros((n_colors, m))
-        seeds[colors, np.arange(m)] = 1.0
-        source = np.full((2, nb, s, s), -1, np.int64)
-        pi, pj = where[rows], where[cols]  # permuted positions of each structural nonzero
-        flat = colors[cols] * m + rows  # where A[row, col] sits in the compressed products
-        bi, bj = pi // s, pj // s
-        diag = bi == bj
-        source[0, bi[diag], pi[diag] % s, pj[diag] % s] = flat[diag]
-        lower = bi == bj + 1
-        source[1, bi[lower], pi[lower] % s, pj[lower] % s] = flat[lower]
-        return cls(perm, seeds, source, band)
+        layout = block_layout(pattern, max_block, symmetric=True)
+        return None if layout is None else cls(*layout)
 
     @classmethod
     def of(cls, linear, m: int, dtype=np.float64, max_block: int | None = None) -> "BlockCholeskyPlan | None":
@@ -161,21 +137,12 @@ class BlockCholeskyPlan(eqx.Module):
     def blocks(self, linear, dtype):
         """The diagonal and sub-diagonal blocks (2, nb, s, s) of A (permuted), from c products;
         padding rows get an identity diagonal."""
-        products = jax.vmap(linear)(jnp.asarray(self.seeds, dtype)).reshape(-1)
-        src = self.source
-        values = jnp.where(src >= 0, products[np.maximum(src, 0)], 0.0)
-        m, s = self.perm.shape[0], self.block
-        pad = np.zeros(src.shape[1:], bool)
-        rows = np.arange(m, src.shape[1] * s)  # padding positions past m
-        pad[rows // s, rows % s, rows % s] = True
-        return values.at[0].add(jnp.asarray(pad, dtype))
+        return gather_blocks(self.perm.shape[0], self.seeds, self.source, linear, dtype)
 
     def diagonal(self, blocks):
         """diag(A) in the original order, from `blocks`."""
         d = jnp.diagonal(blocks[0], axis1=-2, axis2=-1).reshape(-1)
-        where = np.empty_like(self.perm)
-        where[self.perm] = np.arange(self.perm.shape[0])
-        return d[where]
+        return d[inverse_permutation(self.perm)]
 
     def factor(self, linear, dtype):
         """The block Cholesky factors of A = `linear`, kept as (C_k⁻¹, W_k, diag(A)): with the
@@ -245,7 +212,65 @@ class BlockCholeskyPlan(eqx.Module):
 
         _, xs = lax.scan(backward, jnp.zeros(s, b.dtype), (cs, w_next, ys), reverse=True)
         out = xs.reshape(-1)[:m]
-        return jnp.zeros_like(b).at[self.perm].set(out)
+        return out[inverse_permutation(self.perm)]  # a gather: transposes under reverse mode
+
+
+def block_layout(pattern: Pattern, max_block: int | None, symmetric: bool):
+    """(perm, seeds, source, band) of a block-tridiagonal plan for a square sparse pattern
+    in RCM order (see `BlockCholeskyPlan`), or None where the pattern has dense rows or its
+    band exceeds `max_block`.
+
+    `source[0]`, `source[1]`: where each entry of the diagonal blocks and of the blocks below
+    them sits in the flattened compressed products; with `symmetric=False` also
+    `source[2]`, the blocks above the diagonal. A symmetric matrix is coloured on its
+    symmetrised pattern, another on its own (columns sharing no row share a colour)."""
+    m = pattern.size
+    if m == 0 or pattern.n != m or pattern.full.any():
+        return None
+    perm = rcm_order(pattern)
+    where = inverse_permutation(perm)
+    rows, cols = pattern.nonzeros()
+    both_rows, both_cols = np.concatenate([rows, cols, np.arange(m)]), np.concatenate([cols, rows, np.arange(m)])
+    band = int(np.max(np.abs(where[both_rows] - where[both_cols])))
+    if max_block is not None and band > max_block:
+        return None
+    if symmetric:
+        rows, cols = both_rows, both_cols
+    else:
+        rows, cols = np.concatenate([rows, np.arange(m)]), np.concatenate([cols, np.arange(m)])
+    s = max(band, MIN_BLOCK)
+    nb = -(-m // s)
+    colors = _column_colors(rows, cols, m)
+    n_colors = int(colors.max()) + 1
+    seeds = np.zeros((n_colors, m))
+    seeds[colors, np.arange(m)] = 1.0
+    source = np.full((2 if symmetric else 3, nb, s, s), -1, np.int64)
+    pi, pj = where[rows], where[cols]  # permuted positions of each structural nonzero
+    flat = colors[cols] * m + rows  # where A[row, col] sits in the compressed products
+    bi, bj = pi // s, pj // s
+    for kind, offset in enumerate((0, 1, -1)[: source.shape[0]]):
+        sel = bi == bj + offset
+        source[kind, bi[sel], pi[sel] % s, pj[sel] % s] = flat[sel]
+    return perm, seeds, source, band
+
+
+def inverse_permutation(perm: np.ndarray) -> np.ndarray:
+    """`where` with where[perm[i]] = i: x[perm][where] = x."""
+    where = np.empty_like(perm)
+    where[perm] = np.arange(perm.shape[0])
+    return where
+
+
+def gather_blocks(m: int, seeds, source, linear, dtype):
+    """The blocks `source` describes (see `block_layout`) of the linear map `linear` on R^m,
+    from its products with `seeds`; the padding rows past m get an identity diagonal."""
+    products = jax.vmap(linear)(jnp.asarray(seeds, dtype)).reshape(-1)
+    values = jnp.where(source >= 0, products[np.maximum(source, 0)], 0.0)
+    s = source.shape[-1]
+    pad = np.zeros(source.shape[1:], bool)
+    rows = np.arange(m, source.shape[1] * s)
+    pad[rows // s, rows % s, rows % s] = True
+    return values.at[0].add(jnp.asarray(pad, dtype))
 
 
 def _column_colors(rows, cols, m):

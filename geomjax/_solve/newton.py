@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .block_lu import BlockLUPlan
 from .linalg import _UNROLL_MAX, small_solve
 
 
@@ -74,6 +75,12 @@ class Newton(eqx.Module):
       reach of the loop where they do not.
     - `backend`: `"unrolled"` (default) or `"optimistix"` (`optimistix.root_find` with
       `optimistix.Newton`; `iterations` must then be `None`).
+    - `sparse`: with the `"unrolled"` back end, solve systems of at least
+      `geomjax._solve.block_lu.SPARSE_NEWTON_MIN` unknowns whose Jacobian is structurally
+      sparse with a narrow band (read off the jaxpr at trace time: a cloth, a tree, a ring
+      of rods) by block LU in a reverse Cuthill–McKee order (`BlockLUPlan`): c coloured
+      forward products instead of a dense Jacobian, O(m·s²) work instead of O(m³).
+      Default True; False keeps the dense Jacobian and solve at every size.
 
     Example:
 
@@ -99,6 +106,7 @@ class Newton(eqx.Module):
     iterations: int | None = eqx.field(static=True, default=None)
     backend: str = eqx.field(static=True, default="unrolled")
     then_loop: bool = eqx.field(static=True, default=False)
+    sparse: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         for name in ("rtol", "atol"):
@@ -136,7 +144,7 @@ class Newton(eqx.Module):
         `inverse`, instead of `jacobian`: the inverse of a fixed matrix, applied to the
         residual as a matrix–vector product in every iteration (the same chord iteration
         with no linear solve inside the loop; for callers that invert the matrix once,
-        e.g. by blocks).
+        e.g. by blocks), or a callable b ↦ J₀⁻¹b (e.g. solves with sparse factors).
 
         `structure`, instead: a trace-time plan of the exact Jacobian's sparsity (e.g. a
         `geomjax._solve.banded.TridiagonalJacobian` for the flat unknowns), with
@@ -163,10 +171,17 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
     def residual(y):
         return ravel_pytree(fn(unravel(y)))[0]
 
+    if structure is None and fixed_jacobian is None and fixed_inverse is None and settings.sparse:
+        # a large sparse Jacobian: factored by blocks in a bandwidth-reducing order
+        structure = BlockLUPlan.for_newton(residual, int(flat_guess.shape[0]), flat_guess.dtype)
+
     def solve(g, y0):
         if fixed_inverse is not None:
             jac_of = lambda _: fixed_inverse  # noqa: E731
-            linear_solve = lambda inv, b: inv @ b  # noqa: E731
+            if callable(fixed_inverse):  # a map b ↦ J₀⁻¹b (e.g. by sparse factors)
+                linear_solve = lambda inv, b: inv(b)  # noqa: E731
+            else:
+                linear_solve = lambda inv, b: inv @ b  # noqa: E731
         elif structure is not None:
             jac_of = lambda y: structure.jacobian(g, y)  # noqa: E731
             linear_solve = structure.solve
@@ -350,7 +365,8 @@ def as_newton(newton: Newton | None, rtol=None, atol=None, max_iter=None, *, def
 
 def _replace(n: Newton, **changes) -> Newton:
     fields = dict(
-        rtol=n.rtol, atol=n.atol, max_steps=n.max_steps, iterations=n.iterations, backend=n.backend, then_loop=n.then_loop
+        rtol=n.rtol, atol=n.atol, max_steps=n.max_steps, iterations=n.iterations, backend=n.backend,
+        then_loop=n.then_loop, sparse=n.sparse,
     )
     fields.update(changes)
     return Newton(**fields)

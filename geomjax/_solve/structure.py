@@ -7,10 +7,10 @@ update linear in the new action. For such equations one linear solve is the exac
 and Newton's method only repeats it to test convergence (and, with an ill-conditioned
 matrix, may fail that test on round-off alone).
 
-`SystemStructure.of(fn, guess)` traces F and its Jacobian to jaxprs and marks, with
-`geomjax.internal.sparsity.jacobian_pattern` (structural and sound: never misses a
-dependence), which residual entries can depend on which unknowns and which Jacobian
-entries can depend on which unknowns. "Affine in a block of unknowns" is then a fact
+`SystemStructure.of(fn, guess)` traces F and its directional derivatives to jaxprs and
+marks, with `geomjax.internal.sparsity.jacobian_sparsity` (structural and sound: never
+misses a dependence; sparse, so O(nnz) at any size), which residual entries can depend on
+which unknowns and which Jacobian entries can depend on which unknowns. "Affine in a block of unknowns" is then a fact
 about the graph, valid for every input and every parameter value, never a sample.
 """
 
@@ -21,55 +21,86 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..internal.sparsity import bandwidth, jacobian_pattern
+from ..internal.sparsity import Pattern, bandwidth, jacobian_sparsity
+from .block_lu import BlockLUPlan
 from .linalg import _UNROLL_MAX, small_solve, tridiagonal_solve
 
 
 class SystemStructure:
-    """Dependence patterns of F: R^m → R^m (flat) and of its Jacobian.
+    """Dependence patterns of F: R^m → R^m (flat) and of its Jacobian, sparse.
 
-    - `depends[i, j]`: residual i may depend on unknown j;
-    - `curved[i, j, k]`: ∂F_i/∂u_j may depend on unknown k (all False in the columns j, k
-      of a block means F is affine in that block).
+    - `depends`: the sparse `Pattern` of ∂F/∂u (row i: the unknowns residual i may depend on);
+    - `affine(rows, cols)`: whether ∂F_rows/∂u_cols may depend on u_cols, read off the
+      pattern of (u, v) ↦ ∂F/∂u(u)·(v masked to `cols`) in u: O(nnz) memory, never the
+      m × m × m array of every second derivative.
 
-    Built at trace time; `None` entries (an analysis that failed) count as dense.
+    Built at trace time; an analysis that fails counts as dense (never affine).
     """
 
-    def __init__(self, depends: np.ndarray, curved: np.ndarray):
-        self.depends = depends
-        self.curved = curved
+    def __init__(self, residual, m: int, dtype):
+        self._residual, self.m, self._dtype = residual, m, dtype
+        self._affine = {}
+        try:
+            self.depends = jacobian_sparsity(residual, m, dtype)
+        except Exception:  # an analysis that cannot trace: assume the worst
+            self.depends = Pattern((m,), np.zeros((m, 0), np.int64), np.ones(m, bool), m)
 
     @classmethod
     def of(cls, fn, guess) -> "SystemStructure":
         """Analyse `fn(u)` (a pytree of arrays out with the flat size of `guess`) around the
         shapes of `guess` (its values are not used)."""
         flat, unravel = ravel_pytree(guess)
-        m = int(flat.shape[0])
 
         def residual(y):
             return ravel_pytree(fn(unravel(y)))[0]
 
-        try:
-            depends = jacobian_pattern(residual, m, flat.dtype)
-            curved = jacobian_pattern(lambda y: jax.jacfwd(residual)(y).ravel(), m, flat.dtype)
-        except Exception:  # an analysis that cannot trace: assume the worst
-            depends = np.ones((m, m), bool)
-            curved = np.ones((m * m, m), bool)
-        return cls(np.asarray(depends, bool), np.asarray(curved, bool).reshape(m, m, m))
+        return cls(residual, int(flat.shape[0]), flat.dtype)
+
+    def dense(self) -> np.ndarray:
+        """`depends` as an m × m boolean array (for small systems)."""
+        return self.depends.dense()
 
     def independent(self, rows: Sequence[int], cols: Sequence[int]) -> bool:
         """True when no residual in `rows` can depend on an unknown in `cols`."""
-        return not self.depends[np.ix_(rows, cols)].any()
+        return not _touches(self.depends, rows, cols)
 
     def affine(self, rows: Sequence[int], cols: Sequence[int]) -> bool:
         """True when the residuals `rows` are affine in the unknowns `cols` (their Jacobian
         in `cols` does not depend on `cols`), whatever the other unknowns are."""
-        return not self.curved[np.ix_(rows, cols, cols)].any()
+        key = tuple(sorted(set(int(c) for c in cols)))
+        if key not in self._affine:
+            m = self.m
+            mask = np.zeros(m)
+            mask[list(key)] = 1.0
+
+            def directional(uv):
+                return jax.jvp(self._residual, (uv[:m],), (mask * uv[m:],))[1]
+
+            try:
+                self._affine[key] = jacobian_sparsity(directional, 2 * m, self._dtype)
+            except Exception:
+                self._affine[key] = None
+        curved = self._affine[key]
+        return curved is not None and not _touches(curved, rows, key)
+
+
+def _touches(pattern: Pattern, rows, cols) -> bool:
+    """Whether any of `rows` of `pattern` may depend on an input in `cols`."""
+    rows = np.asarray(list(rows), np.int64)
+    if not rows.size or not len(cols):
+        return False
+    if pattern.full[rows].any():
+        return True
+    idx = pattern.idx[rows]
+    return bool(np.isin(idx[idx >= 0], np.asarray(list(cols), np.int64)).any())
 
 
 def linear_solve(fn, guess):
     """The root of `fn`, affine in its unknowns, by one linear solve from `guess`:
     u = u₀ − J⁻¹F(u₀) with J = ∂F/∂u by forward-mode autodiff (exact for affine F).
+
+    From `geomjax._solve.block_lu.SPARSE_NEWTON_MIN` unknowns, a structurally sparse J of
+    narrow band is evaluated by coloured products and solved by block LU (`BlockLUPlan`).
 
     Returns the root (a singular J gives non-finite entries: check the result).
     Differentiable in the parameters of `fn` like any expression (the solution formula
@@ -80,6 +111,11 @@ def linear_solve(fn, guess):
     def residual(y):
         return ravel_pytree(fn(unravel(y)))[0]
 
+    m = int(flat.shape[0])
+    plan = BlockLUPlan.for_newton(residual, m, flat.dtype)
+    if plan is not None:  # a large sparse system: block LU in RCM order, c products
+        value, linear = jax.linearize(residual, flat)
+        return unravel(flat - plan.solve(plan.factor(linear, flat.dtype), value))
     value, jac = residual(flat), jax.jacfwd(residual)(flat)
     return unravel(flat - small_solve(jac, value))
 
@@ -96,7 +132,7 @@ def saddle_linear_solve(fn, guess, pattern: np.ndarray | None = None):
     elimination of the whole (indefinite) matrix does; through `scalar_graph` a constant
     A then folds away (the pendulum's A = m I leaves one division for S).
 
-    `pattern`: the structural Jacobian pattern of `fn` (`SystemStructure.depends`), if
+    `pattern`: the structural Jacobian pattern of `fn` (`SystemStructure.dense()`), if
     known. With it, a diagonal A is divided by instead of solved, and a tridiagonal S
     (a chain: each constraint couples neighbouring bodies, and S = α W⁻¹ αᵀ is
     tridiagonal) larger than the unrolled size is solved in O(k)

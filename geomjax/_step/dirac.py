@@ -53,12 +53,14 @@ as `RESULTS.newton_failed`.
 """
 
 from collections.abc import Callable
+from functools import partial
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._solve.block_lu import SPARSE_NEWTON_MIN
 from .._solve.newton import Newton, as_newton
 from .._solve.structure import SystemStructure, linear_solve, saddle_linear_solve
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
@@ -91,13 +93,21 @@ class _Equations:
         self.system, self.velocity, self.imposed = system, velocity, imposed
         self.constraint_velocity = constraint_velocity
         self.past, self.q, self.p, self.h = past, q, p, h
-        self.forms = system.forms(q) if system.constrained else None
+        self.constrained = system.constrained
 
     def zeros(self):
         out = [jnp.zeros_like(self.q)]
-        if self.forms is not None:
-            out.append(jnp.zeros((self.forms.shape[0],), self.q.dtype))
+        if self.constrained:
+            # (a fresh lambda: eval_shape caches by function, and comparing bound methods of
+            # modules holding traced arrays would compare the arrays)
+            k = jax.eval_shape(lambda a, b: self.system.constraint(a, b), self.q, self.q).shape[0]
+            out.append(jnp.zeros((k,), self.q.dtype))
         return tuple(out)
+
+    def forms_transpose(self, mu):
+        """α(q_k)ᵀμ, by a reverse pass through the velocity constraints (affine in v) taken
+        inside the equations: no k × n matrix, and their sparsity stays readable."""
+        return jax.vjp(lambda v: self.system.constraint(self.q, v), jnp.zeros_like(self.q))[1](mu)[0]
 
     def approximate_velocity(self, u):
         q_next = self.q + self.h * u[0]
@@ -117,9 +127,8 @@ class _Equations:
         # The unknown multiplier is the impulse μ = hλ: of the size of a momentum at any
         # h, so that the Newton update test means the same at every step size.
         out = [dv - self.p - h * dq]
-        if self.forms is not None:
-            out[0] = out[0] - self.forms.T @ u[1]
-        if self.forms is not None:
+        if self.constrained:
+            out[0] = out[0] - self.forms_transpose(u[1])
             if self.imposed == "position" and system.holonomic is not None:
                 k_h = system.position_constraints(q).shape[0]
                 rows = [system.position_constraints(q_next) / h]
@@ -136,12 +145,12 @@ class _Equations:
         return q_next, self.system.momentum(self.q, qt)
 
 
-def _affine_pattern(equations: _Equations):
-    """The Jacobian pattern of the equations when they are affine in all unknowns, else None."""
+def _affine_structure(equations: _Equations):
+    """The equations' `SystemStructure` when they are affine in all unknowns, else None."""
     zeros = equations.zeros()
     structure = SystemStructure.of(equations, zeros)
-    everything = list(range(structure.depends.shape[0]))
-    return structure.depends if structure.affine(everything, everything) else None
+    everything = list(range(structure.m))
+    return structure if structure.affine(everything, everything) else None
 
 
 class DiracStep(AbstractStep):
@@ -204,18 +213,23 @@ class DiracStep(AbstractStep):
         past = z[2] if self.history else ()
         h = jnp.asarray(h, q.dtype)
         equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h, self.constraint_velocity)
-        pattern = _affine_pattern(equations)
-        if pattern is not None:
+        structure = _affine_structure(equations)
+        if structure is not None:
+            large = structure.m >= SPARSE_NEWTON_MIN
+            pattern = None if large else structure.dense()
 
             def solve(past, q, p, h):
                 eqs = _Equations(self.system, self.velocity, self.imposed, past, q, p, h, self.constraint_velocity)
                 zeros = eqs.zeros()
-                root = linear_solve(eqs, zeros) if len(zeros) == 1 else saddle_linear_solve(eqs, zeros, pattern)
-                return eqs.finish(root)
+                if len(zeros) == 1 or large:  # large: by sparse blocks where the pattern allows
+                    return eqs.finish(linear_solve(eqs, zeros))
+                return eqs.finish(saddle_linear_solve(eqs, zeros, pattern))
 
             # One linear solve is the root: no convergence to report (a singular matrix
-            # makes the state non-finite, which the driver reports).
-            (q_next, p_next), status = scalar_graph(solve, past, q, p, h), ok_status()
+            # makes the state non-finite, which the driver reports). Small systems run
+            # through their simplified scalar graph.
+            run = solve if large else partial(scalar_graph, solve)
+            (q_next, p_next), status = run(past, q, p, h), ok_status()
         else:
             guess = list(equations.zeros())
             guess[0] = self.system.velocity(q, p)

@@ -82,6 +82,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .._solve.block_lu import BlockLUPlan
 from .._solve.linalg import unrolled_solve
 from .._solve.newton import Newton, as_newton
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
@@ -257,10 +258,17 @@ class DiracRungeKutta(AbstractStep):
             # longer). Exact derivatives of the root still follow the implicit
             # function theorem.
             flat, unravel = ravel_pytree(guess)
-            jac = jax.jacfwd(lambda y: ravel_pytree(residual(unravel(y)))[0])(flat)
             m = flat.shape[0]
-            eye = jnp.eye(m, dtype=jac.dtype)
-            inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
+            flat_residual = lambda y: ravel_pytree(residual(unravel(y)))[0]  # noqa: E731
+            plan = BlockLUPlan.for_newton(flat_residual, m, flat.dtype) if self.newton.sparse else None
+            if plan is not None:
+                # a large sparse graph: the Jacobian's block LU factors, c products
+                factors = plan.jacobian(flat_residual, flat)
+                inverse = lambda b: plan.solve(factors, b)  # noqa: E731
+            else:
+                jac = jax.jacfwd(flat_residual)(flat)
+                eye = jnp.eye(m, dtype=jac.dtype)
+                inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
             sol = self.newton.solve(residual, guess, inverse=inverse)
         velocities, multipliers, v_end = self._unpack(sol.value, h)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)

@@ -42,20 +42,19 @@ class Projected(AbstractSystemMonitored, AbstractStep):
 
     def _project_holonomic(self, q, p):
         mech = _Mechanics(self.system)
-        _, transpose = mech.g_and_transpose(q)
 
         def position(nu):
-            # q̃ = q + M⁻¹G(q)ᵀν, M⁻¹ = ∂²H/∂p² (the kinetic metric), by one jvp.
-            return q + jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (transpose(nu),))[1]
+            # q̃ = q + M⁻¹G(q)ᵀν, M⁻¹ = ∂²H/∂p² (the kinetic metric), by one jvp; Gᵀν by a
+            # reverse pass inside the residual, so that its sparsity can be read.
+            return q + jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (mech.g_transpose(q, nu),))[1]
 
         k = mech.g(q).shape[0]
         zero = jnp.zeros((k,), q.dtype)
         res_q = self._solve(lambda nu: mech.g(position(nu)), zero)
         q1 = position(res_q.value)
-        _, transpose1 = mech.g_and_transpose(q1)
 
         def momentum(mu):
-            return p + transpose1(mu)
+            return p + mech.g_transpose(q1, mu)
 
         res_p = self._solve(lambda mu: mech.g_dot(q1, mech.dh_dp(q1, momentum(mu))), zero)
         return (q1, momentum(res_p.value)), res_q.converged & res_p.converged
@@ -63,10 +62,10 @@ class Projected(AbstractSystemMonitored, AbstractStep):
     def _project_general(self, z):
         s = self.system.structure
         f = lambda w: s.evaluate(self.system.constraint_functions, w)  # noqa: E731
-        _, pullback = jax.vjp(f, z)
 
         def moved(nu):
-            return jax.tree_util.tree_map(jnp.add, z, pullback(nu)[0])
+            # Df(z)ᵀν by a reverse pass inside the residual (its sparsity can then be read)
+            return jax.tree_util.tree_map(jnp.add, z, jax.vjp(f, z)[1](nu)[0])
 
         res = self._solve(lambda nu: f(moved(nu)) - self.level, jnp.zeros_like(self.level))
         return moved(res.value), res.converged

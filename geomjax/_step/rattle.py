@@ -63,6 +63,11 @@ class _Mechanics(eqx.Module):
         value, pullback = jax.vjp(self.g, q)
         return value, lambda lam: pullback(lam)[0]
 
+    def g_transpose(self, q, lam):
+        """G(q)ᵀλ by a reverse pass taken where it is used: inside a residual, the sparsity
+        analysis then reads G's pattern (a pullback closed over from outside is opaque)."""
+        return jax.vjp(self.g, q)[1](lam)[0]
+
     def g_dot(self, q, v):
         """G(q)v, the rate of change of g along the velocity v."""
         return jax.jvp(self.g, (q,), (v,))[1]
@@ -247,15 +252,14 @@ class Rattle(SystemStep):
     def _position_stage_general(self, q, p, h):
         """The generalised leapfrog with constraint: unknowns (p½, q₁, ν), 2n + k of them."""
         mech = self._mech
-        g0, transpose = mech.g_and_transpose(q)
 
         def residual(unknowns):
             p_half, q1, nu = unknowns
-            r_p = h * (p_half - p + 0.5 * h * mech.dh_dq(q, p_half)) + transpose(nu)
+            r_p = h * (p_half - p + 0.5 * h * mech.dh_dq(q, p_half)) + mech.g_transpose(q, nu)
             r_q = q1 - q - 0.5 * h * (mech.dh_dp(q, p_half) + mech.dh_dp(q1, p_half))
             return r_p, r_q, mech.g(q1)
 
-        guess = (p, q + h * mech.dh_dp(q, p), jnp.zeros_like(g0))
+        guess = (p, q + h * mech.dh_dp(q, p), jnp.zeros_like(mech.g(q)))
         res = self._solve(residual, guess)
         p_half, q1, _ = res.value
         return q1, p_half, res

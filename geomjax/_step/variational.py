@@ -206,7 +206,7 @@ def _solve_plan(equations, zeros, n: int, implicit_z: bool) -> str:
     `SystemStructure`): `"affine"` (one linear solve), `"staged"` (with z₁ implicit: the
     (v, λ) equations affine and free of w, then the w equation affine in w) or `"newton"`."""
     structure = SystemStructure.of(equations, zeros)
-    m = structure.depends.shape[0]
+    m = structure.m
     everything = list(range(m))
     if structure.affine(everything, everything):
         return "affine"

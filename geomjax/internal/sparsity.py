@@ -13,8 +13,8 @@ output does not depend on that input through any path of the graph. It is sound 
 misses a dependence):
 
 - elementwise and reduction primitives have exact entrywise rules;
-- data movement (reshape, squeeze, transpose, broadcast, slice, pad, concatenate, rev,
-  split) moves the sets with the entries; `gather`, `dynamic_slice` and
+- data movement (reshape, squeeze, transpose, broadcast, slice, pad, concatenate, stack,
+  rev, split) moves the sets with the entries; `gather`, `dynamic_slice` and
   `dynamic_update_slice` do so too when their indices are known at trace time (constants,
   and what is folded from them: the edge list of `q[E[:, 0]] − q[E[:, 1]]`), and
   `scatter-add` (the transpose of a gather, in every reverse-mode gradient of one) unions
@@ -335,6 +335,12 @@ def _moved_ids(eqn, ins):
             parts.append(_ids(e.dep.shape, start))
             start += e.dep.size
         return [np.concatenate(parts, axis=p["dimension"])]
+    if name == "stack":  # (a primitive of its own since JAX 0.9)
+        parts, start = [], 0
+        for e in ins:
+            parts.append(_ids(e.dep.shape, start))
+            start += e.dep.size
+        return [np.stack(parts, axis=p["axis"])]
     if name == "split":
         return np.split(first, np.cumsum(p["sizes"])[:-1], axis=p["axis"])
     if name in ("gather", "dynamic_slice", "dynamic_update_slice"):
