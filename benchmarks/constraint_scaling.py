@@ -31,10 +31,13 @@ triatomic molecules. For each size, in one process and interleaved rounds (best 
                 max|G M⁻¹p| ≤ 1e−13 max|M⁻¹p|.
 
 Fields (`--fields`): the Dirac field (explicit Euler, RK4) and the feedback field (Euler,
-gains chosen for h by `feedback_field(..., dt=h)`) through `integrate` inside `jit`, µs per
-step, geomjax's sparse derivation (`geomjax._field.derived.GramDiracPlan`: A = G M⁻¹Gᵀ by
-block Cholesky or CG, C never formed) against the dense derivation (C column by column,
-LAPACK), with the first call's time (trace + compile + run).
+gains chosen for h by `feedback_field(..., dt=h)`), µs per step in a plain `lax.scan` of
+the explicit step: geomjax's sparse derivation (`geomjax._field.derived.GramDiracPlan`:
+A = G M⁻¹Gᵀ by block Cholesky or CG, C never formed), the dense derivation (C column by
+column, LAPACK), and the Dirac field written by hand for rod networks
+(`geomjax.experiments._rod_floors.dirac_field_floor`: C's blocks in closed form, A by
+block-banded Cholesky or Jacobi-PCG; checked against geomjax to 1e−10 first), with
+geomjax ÷ best floor, and the Dirac RK4 run through `integrate`.
 
 Before timing, every floor is checked against geomjax on the smallest size of each model
 (100 steps, ≤ 1e−10 in q and p). Printed per case: µs per step, compile time
@@ -53,7 +56,8 @@ import numpy as np
 
 import geomjax
 from _harness import timeit
-from geomjax.experiments._rod_floors import H_STEP, check_floors, floors, geomjax_scan, scan_run
+from geomjax.experiments._rod_floors import (H_STEP, check_field_floors, check_floors, dirac_field_floor,
+                                             field_floor_scan, field_scan, floors, geomjax_scan, scan_run)
 
 
 def compiled(run, x0):
@@ -129,28 +133,51 @@ def dense_dirac(system):
 
 def run_fields(kind, size, args):
     """µs per step of the Dirac field (Euler, RK4) and of the feedback field (Euler):
-    geomjax's sparse derivation against the dense one, in the same loop (`integrate` inside
-    `jit`, one save at the end, no monitoring)."""
+    geomjax's sparse derivation, the dense derivation (up to `--dense-max`) and the
+    hand-written Dirac fields (block-banded Cholesky, and Jacobi-PCG up to `--floor-max`),
+    each in the same plain `lax.scan` of the explicit step, compiled first, interleaved;
+    then the Dirac RK4 run through `integrate` (start checks, status, monitoring)."""
     model = build(kind, size)
+    n = model.system.dim // 2
     m = int(model.system.constraint_functions(model.x0).shape[0])
     steps = steps_for(m)
     dirac = geomjax.dirac_field(model.system)
     feedback = geomjax.feedback_field(model.system, model.x0, dt=H_STEP, method="euler")
-    runs = {}
-    for name, field, method in (("Dirac Euler", dirac, "euler"), ("Dirac RK4", dirac, "rk4"),
-                                ("feedback Euler", feedback, "euler")):
-        runs[name] = (field, method)
-        if m <= args.dense_max and name.startswith("Dirac"):
-            runs[name + " dense"] = (dense_dirac(model.system), method)
-    rows = {}
-    for name, (field, method) in runs.items():
-        fn = jax.jit(lambda x, f=field, meth=method: geomjax.integrate(
-            f, x, dt=H_STEP, steps=steps, method=meth, save_every=steps, drift_tol=None, start_tol=None).xs[-1])
-        t = time.perf_counter()
-        jax.block_until_ready(fn(model.x0))
-        first = time.perf_counter() - t
-        rows[name] = dict(first=first, us=best_time(fn, model.x0, args.rounds) / steps * 1e6)
+    cases = {}
+    for method, label in (("euler", "Euler"), ("rk4", "RK4")):
+        cases[f"Dirac {label}"] = field_scan(dirac, method, steps, H_STEP)
+        if m <= args.dense_max:
+            cases[f"Dirac {label} dense"] = field_scan(dense_dirac(model.system), method, steps, H_STEP)
+        for solver in ("banded", "CG") if m // 2 <= args.floor_max else ("banded",):
+            cases[f"floor {solver} {label}"] = field_floor_scan(dirac_field_floor(model, solver), method, steps, H_STEP)
+    cases["feedback Euler"] = field_scan(feedback, "euler", steps, H_STEP)
+    rows, exes = {}, {}
+    for name, run in cases.items():
+        exe, seconds, _ = compiled(run, model.x0)
+        exes[name] = exe
+        rows[name] = dict(first=seconds, us=np.inf)
+    for _ in range(args.rounds):  # interleaved
+        for name, exe in exes.items():
+            rows[name]["us"] = min(rows[name]["us"], best_time(exe, model.x0, 1) / steps * 1e6)
+    fn = jax.jit(lambda x: geomjax.integrate(dirac, x, dt=H_STEP, steps=steps, method="rk4", save_every=steps).xs[-1])
+    t = time.perf_counter()
+    jax.block_until_ready(fn(model.x0))
+    rows["Dirac RK4 integrate"] = dict(first=time.perf_counter() - t, us=best_time(fn, model.x0, args.rounds) / steps * 1e6)
+    del n
     return m, rows
+
+
+def field_ratios(rows):
+    """geomjax ÷ best hand-written floor for the Dirac field (Euler, RK4), and the feedback
+    field ÷ the best Dirac floor (a bound: a hand-written feedback field computes the
+    Dirac field and more)."""
+    out = {}
+    for label in ("Euler", "RK4"):
+        best = min(r["us"] for k, r in rows.items() if k.startswith("floor") and k.endswith(label))
+        out[f"Dirac {label}"] = rows[f"Dirac {label}"]["us"] / best
+        if label == "Euler":
+            out["feedback Euler (vs Dirac floor)"] = rows["feedback Euler"]["us"] / best
+    return out
 
 
 def exponent(ms, costs):
@@ -202,11 +229,14 @@ def main():
         for item in args.fields.split(";"):
             kind, sizes = item.split(":")
             field_cases = []
-            for size in (int(v) for v in sizes.split(",")):
+            size_list = [int(v) for v in sizes.split(",")]
+            check_field_floors(build(kind, min(size_list[0], CHECK_SIZE[kind])))
+            for size in size_list:
                 m, rows = run_fields(kind, size, args)
                 field_cases.append((m, rows))
                 print(f"{kind:5s} {size:5d} m={m:6d}  " + "  ".join(f"{k} {r['us']:9.1f}" for k, r in rows.items()))
-                print("      first call: " + "  ".join(f"{k} {r['first']:.2f}s" for k, r in rows.items()))
+                print("      compile (integrate: first call): " + "  ".join(f"{k} {r['first']:.2f}s" for k, r in rows.items()))
+                print("      geomjax / best floor: " + "  ".join(f"{k} {v:.2f}" for k, v in field_ratios(rows).items()))
             ms = [m for m, _ in field_cases]
             names = [k for k in field_cases[0][1] if all(k in r for _, r in field_cases)]
             print("      growth exponents: " + "  ".join(
