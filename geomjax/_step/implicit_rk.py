@@ -16,6 +16,7 @@ symplectic (it is conjugate to the implicit midpoint rule).
 """
 
 import dataclasses
+from functools import partial
 import math
 
 import equinox as eqx
@@ -176,6 +177,14 @@ class ImplicitRungeKutta(FieldStep):
             # differentiate all s stages in every iteration: s²n field jvps each time).
             flat_z, unravel = ravel_pytree(z)
             n = flat_z.shape[0]
+            if n >= MATRIX_FREE_MIN and self.newton.sparse:
+                # A large state (a cloth's Dirac field, whose Jacobian holds A⁻¹ and is dense):
+                # (I − h A⊗J)⁻¹ by GMRES on its products, J·v one jvp of X at x (linearized
+                # once), never the n × n Jacobian.
+                _, jvp = jax.linearize(lambda v: ravel_pytree(self.field.rhs(t, unravel(v), args))[0], flat_z)
+                a_imp = [[tab.a[i][j] for j in implicit] for i in implicit]
+                inverse = partial(_stage_matrix_solve, jvp, a_imp, h, n)
+                return self.newton.solve(lambda w: residual(w, z), start, inverse=inverse)
             jac = jax.jacfwd(lambda v: ravel_pytree(self.field.rhs(t, unravel(v), args))[0])(flat_z)
             a_imp = jnp.asarray([[tab.a[i][j] for j in implicit] for i in implicit], flat_z.dtype)
             matrix = jnp.eye(len(implicit) * n, dtype=flat_z.dtype) - h * jnp.kron(a_imp, jac)
@@ -194,6 +203,33 @@ class ImplicitRungeKutta(FieldStep):
             res = self.fixed_point.solve(phi, guess, fallback=fallback, carried=(z,))
         z1 = _add(z, _weighted(h, tab.b, stage_slopes(res.value)))
         return z1, newton_status(res.converged)
+
+
+#: The smallest state for which the stages' simplified Newton solves I − h A⊗J matrix-free
+#: (GMRES on jvp products) instead of forming J by n forward passes. Measured, Gauss 4 with
+#: `solver="newton"` on the Dirac field of a cloth (2-core CPU, ms per step, dense →
+#: matrix-free): 8 × 8 (n = 256) 12.4 → 21.0, 12 × 12 (n = 576) 84 → 45.
+MATRIX_FREE_MIN = 400
+
+
+def _stage_matrix_solve(jvp, a_imp, h, n, b):
+    """(I − h A⊗J)⁻¹b for the stacked stage increments b (s·n), by GMRES (lineax) on the
+    products (I − h A⊗J)v = vᵢ − h Σⱼ aᵢⱼ J vⱼ; NaN where GMRES did not converge (the
+    Newton test then fails and the step reports it)."""
+    import lineax as lx
+
+    s = len(a_imp)
+    coeffs = jnp.asarray(a_imp, b.dtype)
+
+    def matvec(v):
+        vs = v.reshape(s, n)
+        jv = jax.vmap(jvp)(vs)
+        return (vs - h * coeffs @ jv).reshape(-1)
+
+    operator = lx.FunctionLinearOperator(matvec, jax.ShapeDtypeStruct(b.shape, b.dtype))
+    sol = lx.linear_solve(operator, b, lx.GMRES(rtol=1e-13, atol=1e-13, restart=40, stagnation_iters=40),
+                          throw=False)
+    return jnp.where(sol.result == lx.RESULTS.successful, sol.value, jnp.nan)
 
 
 def implicit_rk(

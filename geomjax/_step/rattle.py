@@ -26,6 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .._solve.banded import TridiagonalJacobian
 from .._solve.block_cholesky import BlockCholeskyPlan, direct_band_limit
@@ -162,10 +163,43 @@ class Rattle(SystemStep):
     velocity_projection: bool = eqx.field(static=True)
     newton: Newton
     structured: bool | str = eqx.field(static=True, default=True)
+    refactor_every: int | None = eqx.field(static=True, default=None)
 
     @property
     def _mech(self):
         return _Mechanics(self.system)
+
+    # --- factors of G M⁻¹Gᵀ carried from step to step (`refactor_every`) ----------------
+    @property
+    def carries_history(self) -> bool:
+        return self.refactor_every is not None
+
+    def merge(self, z):
+        return super().merge(tuple(z[:2]) if self.refactor_every is not None else z)
+
+    def _gram(self, q, p, h):
+        """v ↦ G(q)M⁻¹G(q)ᵀv (products by one jvp and one vjp of g)."""
+        mech = self._mech
+        _, g_lin = jax.linearize(mech.g, q)
+        _, pullback = jax.vjp(mech.g, q)
+        return lambda v: g_lin(jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (pullback(v)[0],))[1])
+
+    def _block_plan(self, q, p, h):
+        plan = self._plan(q, p, h) if self.separable else None
+        return plan if isinstance(plan, BlockCholeskyPlan) and self.newton.backend == "unrolled" else None
+
+    def _fresh_factors(self, q, p, h, plan):
+        return plan.prepare(self._gram(q, p, h), p.dtype)
+
+    def start(self, t0, z0, h, args):
+        """With `refactor_every`, the loop carries (q, p, factors of G M⁻¹Gᵀ, their age in
+        steps); empty factors where the step has no block plan."""
+        if self.refactor_every is None:
+            return z0
+        q, p = z0[0], z0[1]
+        plan = self._block_plan(q, p, h)
+        factors = () if plan is None else self._fresh_factors(q, p, jnp.asarray(h, p.dtype), plan)
+        return (q, p, factors, jnp.zeros((), jnp.int32))
 
     def check(self, x0) -> None:
         check_holonomic_start(self.system, x0, need_separable=self.separable)
@@ -195,8 +229,10 @@ class Rattle(SystemStep):
     # O(1), so Newton's update test |Δν| ≤ atol + rtol|ν| is meaningful at any h (in λ
     # itself round-off in g(q₁) is amplified by 1/h²).
 
-    def _position_stage_separable(self, q, p, h, plan):
-        """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k unknowns)."""
+    def _position_stage_separable(self, q, p, h, plan, factors=None):
+        """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k
+        unknowns). `factors`: block factors of G M⁻¹Gᵀ to use for A₀ instead of factoring
+        at q (carried from an earlier step)."""
         mech = self._mech
         kick = p - 0.5 * h * mech.dh_dq(q, p)
         g0, transpose = mech.g_and_transpose(q)
@@ -214,7 +250,7 @@ class Rattle(SystemStep):
             q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
             _, g_lin = jax.linearize(mech.g, q)
             gram = lambda v: -g_lin(shift(v))  # G M⁻¹Gᵀ v (shift = −M⁻¹Gᵀ)
-            prepared = plan.prepare(gram, zero.dtype)
+            prepared = plan.prepare(gram, zero.dtype) if factors is None else factors
             inv_diag = plan.inverse_diagonal(prepared)
 
             def chord_step(r, rtol):
@@ -272,19 +308,46 @@ class Rattle(SystemStep):
         # chain of 2 links (k = 2) run faster so, the chain of 4 (k = 4, 4 × 4 solves
         # written out) slower and compiles longer (benchmarks/rattle.py,
         # chain_scaling.py), so larger systems run as derived.
+        if self.refactor_every is not None:
+            return self._advance_reusing(z, jnp.asarray(h, z[1].dtype))
         k = jax.eval_shape(lambda q: self._mech.g(q), z[0]).shape[0]
         if k <= _SIMPLIFIED_CONSTRAINTS:
             return scalar_graph(self._advance, z, h)
         return self._advance(z, h)
 
-    def _advance(self, z, h):
-        q, p = z
+    def _advance_reusing(self, z, h):
+        """One step with the carried factors of G M⁻¹Gᵀ (`refactor_every`): refreshed when
+        they are `refactor_every` steps old, and where the chord iteration with the old ones
+        fails (the step is then redone with fresh factors, so a failure is never the old
+        factors')."""
+        q, p, factors, age = z
+        plan = self._block_plan(q, p, h)
+        if plan is None:
+            out, status = self._advance((q, p), h)
+            return (*out, factors, age), status
+        fresh = lambda: self._fresh_factors(q, p, h, plan)  # noqa: E731
+        stale = age >= self.refactor_every
+        factors = lax.cond(stale, fresh, lambda: factors)
+        age = jnp.where(stale, 0, age)
+        out, status = self._advance((q, p), h, factors)
+
+        def redo():
+            new = fresh()
+            again, again_status = self._advance((q, p), h, new)
+            return again, again_status, new, jnp.zeros_like(age)
+
+        keep = (status == RESULTS.successful) | (age == 0)
+        out, status, factors, age = lax.cond(keep, lambda: (out, status, factors, age), redo)
+        return (*out, factors, age + 1), status
+
+    def _advance(self, z, h, factors=None):
+        q, p = z[0], z[1]
         mech = self._mech
         plan = self._plan(q, p, h)
         position_ok, precondition = True, None
         if self.separable:
             q1, p_half, res, position_ok = self._position_stage_separable(
-                q, p, h, plan if self.newton.backend == "unrolled" else None)
+                q, p, h, plan if self.newton.backend == "unrolled" else None, factors)
             if isinstance(position_ok, tuple):
                 position_ok, precondition = position_ok
         else:
@@ -445,6 +508,7 @@ def rattle(
     atol: float | None = None,
     max_iter: int | None = None,
     structured: bool | str = True,
+    refactor_every: int | None = None,
 ) -> Rattle:
     """The RATTLE method (Andersen 1983) for holonomic constraints, derived by autodiff.
 
@@ -497,6 +561,15 @@ def rattle(
       path at any k where the pattern is sparse. `False` keeps the dense path (k forward
       products and a dense solve), e.g. for comparisons. The same equations and tests
       either way: the results agree to round-off.
+    - `refactor_every`: for a large graph solved by blocks (the block Cholesky factors of
+      G M⁻¹Gᵀ, e.g. a cloth), keep the factors from step to step and refactor every
+      `refactor_every` steps (an integer ≥ 1) instead of every step: the chord iteration
+      for λ then iterates with factors a few steps old (G M⁻¹Gᵀ changes by O(h) per
+      step), and where it does not converge with them the step is redone with fresh ones,
+      so the results are RATTLE's to the same tolerances, and derivatives stay exact.
+      The loop carries the factors (memory ≈ 3 block rows of the band per constraint).
+      Default `None`: factor at every step. Measured on a 100 × 100 cloth
+      (`benchmarks/constraint_scaling.py --reuse`): see `docs/howto/large_systems.md`.
 
     **Returns:**
 
@@ -513,7 +586,10 @@ def rattle(
     """
     _require_holonomic(system, "rattle")
     newton = _rattle_newton(newton, rtol, atol, max_iter, separable)
-    return Rattle(system, bool(separable), True, newton, _as_structured(structured))
+    if refactor_every is not None and (isinstance(refactor_every, bool) or not isinstance(refactor_every, int)
+                                       or refactor_every < 1):
+        raise ValueError(f"rattle: refactor_every must be None or an integer >= 1, got {refactor_every!r}")
+    return Rattle(system, bool(separable), True, newton, _as_structured(structured), refactor_every)
 
 
 def shake(
