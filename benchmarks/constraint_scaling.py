@@ -39,6 +39,12 @@ column, LAPACK), and the Dirac field written by hand for rod networks
 block-banded Cholesky or Jacobi-PCG; checked against geomjax to 1e−10 first), with
 geomjax ÷ best floor, and the Dirac RK4 run through `integrate`.
 
+Implicit steps (`--implicit`): Dirac-1 (velocity and position constraints), Dirac–Runge–
+Kutta (Gauss, 2 stages), RATTLE for a non-separable H and a projected RK4 on the cloth, ms
+per step in a plain scan: Newton by block LU in RCM order (`geomjax._solve.block_lu`, the
+default from 100 unknowns) against the dense Newton (`geomjax.Newton(sparse=False)`), with
+the growth exponents.
+
 Before timing, every floor is checked against geomjax on the smallest size of each model
 (100 steps, ≤ 1e−10 in q and p). Printed per case: µs per step, compile time
 (lower + compile of the scan) and the compiled program's temporary memory; then
@@ -53,6 +59,7 @@ import time
 
 import jax
 import numpy as np
+from jax import lax
 
 import geomjax
 from _harness import timeit
@@ -180,6 +187,47 @@ def field_ratios(rows):
     return out
 
 
+def implicit_steps(model, newton):
+    """The implicit steps whose Newton (or linear) solve grows with the graph, for a cloth."""
+    system, g = model.system, model.params["g"]
+
+    def lagrangian(q, v):
+        return 0.5 * (v @ v) - g * q.reshape(-1, 2)[:, 1].sum()
+
+    field = geomjax.hamiltonian_vector_field(system.hamiltonian, system.structure)
+    return {
+        "Dirac-1 velocity": geomjax.dirac1(lagrangian, system.holonomic, newton=newton),
+        "Dirac-1 position": geomjax.dirac1(lagrangian, system.holonomic, constraint="position", newton=newton),
+        "Dirac-RK Gauss 2": geomjax.dirac_rk(lagrangian, "gauss", 2, holonomic=system.holonomic, newton=newton),
+        "RATTLE non-separable": geomjax.rattle(system, separable=False, newton=newton),
+        "projected RK4": geomjax.project(geomjax.explicit_rk(field, geomjax.RK4), system, newton=newton),
+    }
+
+
+def run_implicit(size, args):
+    """ms per step of the implicit steps on an n × n cloth: Newton by block LU in RCM order
+    (the default from `SPARSE_NEWTON_MIN` unknowns) against the dense Newton
+    (`Newton(sparse=False)`, up to `--dense-max` constraints), in a plain scan, interleaved."""
+    model = build("cloth", size)
+    m = int(model.system.holonomic(model.x0[: model.system.dim // 2]).shape[0])
+    steps = max(5, min(50, 20_000 // m))
+    kinds = {"blocks": geomjax.Newton()}
+    if m <= args.dense_max:
+        kinds["dense"] = geomjax.Newton(sparse=False)
+    exes, rows = {}, {}
+    for kind, newton in kinds.items():
+        for name, step in implicit_steps(model, newton).items():
+            run = lambda x0, step=step: lax.scan(lambda z, _: (step.advance(0.0, z, H_STEP, None)[0], None),
+                                                 step.split(x0), None, length=steps)[0]
+            exe, seconds, _ = compiled(run, model.x0)
+            exes[(name, kind)] = exe
+            rows[(name, kind)] = dict(compile=seconds, ms=np.inf)
+    for _ in range(args.rounds):
+        for key, exe in exes.items():
+            rows[key]["ms"] = min(rows[key]["ms"], best_time(exe, model.x0, 1) / steps * 1e3)
+    return m, rows
+
+
 def exponent(ms, costs):
     ms, costs = np.log(np.asarray(ms, float)), np.log(np.asarray(costs, float))
     return float(np.polyfit(ms, costs, 1)[0]) if len(ms) > 1 else float("nan")
@@ -197,6 +245,8 @@ def main():
                         help="largest m for the iterative floors (CG, SHAKE): their iterations grow with the "
                              "condition number, a ring of 4096 rods takes seconds a step")
     parser.add_argument("--krylov-max", type=int, default=2100, help="largest m for geomjax's forced CG path")
+    parser.add_argument("--implicit", default="4,8,12,16",
+                        help="cloth sizes for the implicit steps (Dirac, Dirac-RK, non-separable RATTLE, projection); '' to skip")
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--fields", default="cloth:4,8,16,32;ring:64,256,1024",
                         help="graphs and sizes for the Dirac and feedback fields ('' to skip)")
@@ -204,6 +254,7 @@ def main():
     if args.quick:
         args.cloth, args.tree, args.ring, args.water, args.rounds = "4,8", "64,256", "64,256", "2,3", 2
         args.fields = "cloth:4,8"
+        args.implicit = "4,8"
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, h = {H_STEP}; µs per step, best of "
           f"{args.rounds} interleaved rounds")
     summary = {}
@@ -241,6 +292,21 @@ def main():
             names = [k for k in field_cases[0][1] if all(k in r for _, r in field_cases)]
             print("      growth exponents: " + "  ".join(
                 f"{k} {exponent(ms, [r[k]['us'] for _, r in field_cases]):.2f}" for k in names))
+    if args.implicit:
+        print("\nimplicit steps on the cloth: ms per step, Newton by blocks (dense), compile s")
+        cases = []
+        for size in (int(v) for v in args.implicit.split(",")):
+            m, rows = run_implicit(size, args)
+            cases.append((m, rows))
+            for name in dict.fromkeys(k[0] for k in rows):
+                blocks, dense = rows[(name, "blocks")], rows.get((name, "dense"))
+                extra = f"  dense {dense['ms']:9.3f} ({dense['ms'] / blocks['ms']:.1f}x)" if dense else ""
+                print(f"cloth {size:3d} m={m:5d}  {name:22s} blocks {blocks['ms']:9.3f}{extra}  compile "
+                      f"{blocks['compile']:.2f}s")
+        ms = [m for m, _ in cases]
+        print("      growth exponents (blocks): " + "  ".join(
+            f"{name} {exponent(ms, [r[(name, 'blocks')]['ms'] for _, r in cases]):.2f}"
+            for name in dict.fromkeys(k[0] for k in cases[0][1])))
     print("\ngrowth exponents d log(µs per step) / d log(m):")
     for kind, cases in summary.items():
         ms = [m for m, _ in cases]

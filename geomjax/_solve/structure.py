@@ -95,12 +95,13 @@ def _touches(pattern: Pattern, rows, cols) -> bool:
     return bool(np.isin(idx[idx >= 0], np.asarray(list(cols), np.int64)).any())
 
 
-def linear_solve(fn, guess):
+def linear_solve(fn, guess, sparse: bool = True):
     """The root of `fn`, affine in its unknowns, by one linear solve from `guess`:
     u = u₀ − J⁻¹F(u₀) with J = ∂F/∂u by forward-mode autodiff (exact for affine F).
 
     From `geomjax._solve.block_lu.SPARSE_NEWTON_MIN` unknowns, a structurally sparse J of
-    narrow band is evaluated by coloured products and solved by block LU (`BlockLUPlan`).
+    narrow band is evaluated by coloured products and solved by block LU (`BlockLUPlan`),
+    unless `sparse=False`.
 
     Returns the root (a singular J gives non-finite entries: check the result).
     Differentiable in the parameters of `fn` like any expression (the solution formula
@@ -112,7 +113,7 @@ def linear_solve(fn, guess):
         return ravel_pytree(fn(unravel(y)))[0]
 
     m = int(flat.shape[0])
-    plan = BlockLUPlan.for_newton(residual, m, flat.dtype)
+    plan = BlockLUPlan.for_newton(residual, m, flat.dtype) if sparse else None
     if plan is not None:  # a large sparse system: block LU in RCM order, c products
         value, linear = jax.linearize(residual, flat)
         return unravel(flat - plan.solve(plan.factor(linear, flat.dtype), value))

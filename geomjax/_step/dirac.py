@@ -215,7 +215,7 @@ class DiracStep(AbstractStep):
         equations = _Equations(self.system, self.velocity, self.imposed, past, q, p, h, self.constraint_velocity)
         structure = _affine_structure(equations)
         if structure is not None:
-            large = structure.m >= SPARSE_NEWTON_MIN
+            large = structure.m >= SPARSE_NEWTON_MIN and self.newton.sparse
             pattern = None if large else structure.dense()
 
             def solve(past, q, p, h):
