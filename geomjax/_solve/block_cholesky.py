@@ -177,10 +177,11 @@ class BlockCholeskyPlan(eqx.Module):
         return 1.0 / factors[2]
 
     def apply_inverse(self, factors, linear, b, rtol):
-        """(A⁻¹b, finite): exact, whatever `rtol`."""
+        """(A⁻¹b, ok): exact, whatever `rtol`; not ok where x is not finite though b is (a
+        non-finite b is its caller's failure, not the solve's)."""
         del linear, rtol
         x = self.solve(factors, b)
-        return x, jnp.all(jnp.isfinite(x))
+        return x, jnp.all(jnp.isfinite(x)) | ~jnp.all(jnp.isfinite(b))
 
     @staticmethod
     def accepts(linear, b, x, rtol):

@@ -139,7 +139,8 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
 
     Stops when ‖b − A x‖₂ ≤ rtol·‖b‖₂ (a zero b gives x = 0 at once) or after `max_steps`
     iterations (default 10·m + 50). Returns `(x, converged, steps)`; `converged` is False
-    when the limit was reached or a value is not finite.
+    when the limit was reached or a value is not finite, except that a non-finite b (the
+    caller's failure, e.g. an outer iteration that ran off) is not blamed on the solve.
     """
     m = b.shape[0]
     limit = 10 * m + 50 if max_steps is None else max_steps
@@ -168,7 +169,8 @@ def pcg(apply, b, inv_diag, *, rtol: float, x0=None, max_steps: int | None = Non
     # The recursive residual can fall while the iterate is garbage (a singular A with an
     # inconsistent b breaks CG down): the true residual, at a tolerance round-off allows.
     ok = (rr <= target) & true_residual_ok(apply, b, x, rtol)
-    return x, ok, k
+    # a non-finite b is the caller's failure (an iteration that ran off), not the solve's
+    return x, ok | ~jnp.all(jnp.isfinite(b)), k
 
 
 def symmetric_solve(apply, b, plan, prepared, rtol: float = EXACT_RTOL):

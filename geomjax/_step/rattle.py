@@ -353,15 +353,18 @@ class Rattle(SystemStep):
         else:
             q1, p_half, res = self._position_stage_general(q, p, h)
         p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
-        linear_ok = jnp.asarray(position_ok)
+        velocity_ok = jnp.asarray(True)
         if self.velocity_projection:
             p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan, precondition)
-            linear_ok = linear_ok & velocity_ok
         else:
             # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
             nu = res.value if self.separable else res.value[2]
             p1 = p_free - mech.g_and_transpose(q1)[1](nu) / h
-        status = RESULTS.where(linear_ok, newton_status(res.converged), RESULTS.linear_solve_failed)
+        # The first failure names the cause: the position stage's linear solves, then its
+        # iteration (no solution near the predictor: the velocity stage then works on
+        # garbage, and its failure is not the cause), then the velocity stage's solve.
+        status = RESULTS.where(velocity_ok, RESULTS.successful, RESULTS.linear_solve_failed)
+        status = RESULTS.where(res.converged, status, RESULTS.newton_failed)
         status = RESULTS.where(jnp.asarray(position_ok), status, RESULTS.linear_solve_failed)
         return (q1, p1), status
 
