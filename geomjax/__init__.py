@@ -45,6 +45,7 @@ from ._driver.solution import (
     Solution as Solution,
 )
 from ._status import RESULTS as RESULTS
+from ._caches import clear_caches as clear_caches
 from ._step.base import AbstractStep as AbstractStep, FunctionStep as FunctionStep
 from ._system.structures import (
     AbstractPoissonStructure as AbstractPoissonStructure,

@@ -10,6 +10,7 @@ to try; `Solution.message` adds the step and time.
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 
 class RESULTS(eqx.Enumeration):  # pyright: ignore
@@ -117,12 +118,31 @@ def where_first(current, new):
     return RESULTS.where(current == RESULTS.successful, new, current)
 
 
-def from_code(code):
-    """The `RESULTS` item with integer code `code` (an int array, e.g. from a loop carry)."""
-    item = RESULTS.successful
+def code_of(item):
+    """The integer code (an array, possibly traced or batched) of a status item of any
+    `equinox.Enumeration` (`RESULTS`, `FIT_RESULTS`): the one place that reads equinox's
+    private storage of it."""
+    return item._value
+
+
+def code_int(item) -> int:
+    """The integer code of a status item whose value is known (not traced)."""
+    return int(np.asarray(item._value))
+
+
+def from_code(code, enumeration=None):
+    """The item of `enumeration` (default `RESULTS`) with integer code(s) `code` (an int
+    array, e.g. from a loop carry)."""
+    item = next(iter((RESULTS if enumeration is None else enumeration)._name_to_item.values()))
     return eqx.tree_at(lambda r: r._value, item, jnp.asarray(code, item._value.dtype))
 
 
-def status_names() -> dict:
-    """{integer code: member name} of `RESULTS` (e.g. 4 ↦ "diverged")."""
-    return {int(item._value): name for name, item in RESULTS._name_to_item.items()}
+def status_names(enumeration=None) -> dict:
+    """{integer code: member name} of `enumeration` (default `RESULTS`; e.g. 4 ↦ "diverged")."""
+    members = (RESULTS if enumeration is None else enumeration)._name_to_item.items()
+    return {int(item._value): name for name, item in members}
+
+
+def status_messages(enumeration=None) -> list:
+    """The members' messages, indexed by integer code."""
+    return list((RESULTS if enumeration is None else enumeration)._index_to_message)

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from .._field.base import AbstractField
-from .._status import RESULTS
-from .common import OK, STATUS, begin, code_of, compiled_call, solution_from_record
+from .._status import RESULTS, code_int
+from .common import OK, STATUS, begin, compiled_call, solution_from_record
 from .flagged import flag_failed
 
 class _RejectNonFinite(diffrax.PIDController):
@@ -79,12 +79,12 @@ def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, dt0, steps, sav
     solver_code = jnp.where(
         sol.result == diffrax.RESULTS.successful,
         OK,
-        jnp.where(collapsed, code_of(RESULTS.step_size_collapsed), code_of(RESULTS.solver_failed)),
+        jnp.where(collapsed, code_int(RESULTS.step_size_collapsed), code_int(RESULTS.solver_failed)),
     )
     bad_save = (~finite) | (drift != OK)
     first_bad = jnp.argmax(bad_save)
     any_bad = jnp.any(bad_save)
-    save_code = jnp.where(finite[first_bad], drift[first_bad], code_of(RESULTS.diverged))
+    save_code = jnp.where(finite[first_bad], drift[first_bad], code_int(RESULTS.diverged))
     code = jnp.where(any_bad & (solver_code == OK), save_code, solver_code)
     code = jnp.where(start_ok, code, record[STATUS])
     # diffrax gives no per-step index on an adaptive grid; report the save point (in

@@ -38,7 +38,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .._step.base import AbstractStep, written_out_sum
-from .._status import RESULTS, from_code
+from .._status import RESULTS, code_of, from_code
 from .._validate import is_concrete
 from ..internal.simplify import scalar_graph
 
@@ -260,8 +260,8 @@ class BatchedStep(AbstractStep):
 
         def one(s, t, w, dt):
             w_next, result = s.advance(t, w, dt, args)
-            constant.append(is_concrete(result._value) and int(result._value) == 0)
-            return w_next, jnp.asarray(result._value)
+            constant.append(is_concrete(code_of(result)) and int(code_of(result)) == 0)
+            return w_next, jnp.asarray(code_of(result))
 
         z_next, codes = self._vmap(one, (t, z, h), (_axis_of(t), self.axis, _axis_of(h)), (self._state_axis, 0))
         if all(constant):

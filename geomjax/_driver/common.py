@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._monitored import AbstractMonitored
-from .._status import RESULTS, from_code
+from .._status import RESULTS, code_int, from_code
 from .solution import FailureDetail, Solution
 
 
@@ -133,11 +133,7 @@ def nan_max(x, axis):
     return jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.nan, jnp.max(x, axis=axis))
 
 
-def code_of(member) -> int:
-    return int(member._value)
-
-
-OK = code_of(RESULTS.successful)
+OK = code_int(RESULTS.successful)
 
 # The loop's bookkeeping (steps taken, first failed step, status) rides in the carry as
 # one int64 array: XLA's CPU runtime runs a loop whose carry holds three or more separate
@@ -165,28 +161,28 @@ class Monitor(eqx.Module):
         inv, res = target.monitored(x) if values is None else values
         if inv.shape[0]:
             err = jnp.abs(inv - self.invariants0) / (1.0 + jnp.abs(self.invariants0))
-            code = jnp.where(jnp.max(err, axis=0) > self.drift_tol, code_of(RESULTS.invariant_drift), code)
+            code = jnp.where(jnp.max(err, axis=0) > self.drift_tol, code_int(RESULTS.invariant_drift), code)
         if res.shape[0]:
             bad = jnp.max(jnp.abs(res), axis=0) > self.drift_tol * self.scale
-            code = jnp.where(bad, code_of(RESULTS.constraint_violation), code)
+            code = jnp.where(bad, code_int(RESULTS.constraint_violation), code)
         # NaN comparisons are False: a NaN monitored value is a failure too.
         finite = jnp.all(jnp.isfinite(inv), axis=0) & jnp.all(jnp.isfinite(res), axis=0)
-        return jnp.where(finite, code, code_of(RESULTS.constraint_violation))
+        return jnp.where(finite, code, code_int(RESULTS.constraint_violation))
 
 
 def start_record(target: AbstractMonitored, x0, dt, start_tol, drift_tol, t0=0.0):
     """The start record (status at step 0) and the run's monitor."""
     scale = 1.0 + jnp.max(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)), axis=0)
-    code = jnp.where(jnp.all(jnp.isfinite(x0), axis=0), OK, code_of(RESULTS.nonfinite_start))
+    code = jnp.where(jnp.all(jnp.isfinite(x0), axis=0), OK, code_int(RESULTS.nonfinite_start))
     # A concrete dt and t0 were checked before the run; traced ones (parameters of a
     # jitted or vmapped function) are checked here.
     dt_ok = jnp.isfinite(dt) & (dt > 0) & jnp.isfinite(t0)
-    code = jnp.where(code == OK, jnp.where(dt_ok, OK, code_of(RESULTS.invalid_step_size)), code)
+    code = jnp.where(code == OK, jnp.where(dt_ok, OK, code_int(RESULTS.invalid_step_size)), code)
     inv, res = target.monitored(x0)
     if start_tol is not None:
         if res.shape[0]:
             off = ~(nan_max(jnp.abs(res), axis=0) <= start_tol * scale)
-            code = jnp.where(code == OK, jnp.where(off, code_of(RESULTS.off_constraint_set), OK), code)
+            code = jnp.where(code == OK, jnp.where(off, code_int(RESULTS.off_constraint_set), OK), code)
     code = jnp.asarray(code, jnp.int64)
     record = jnp.stack([jnp.zeros_like(code), jnp.where(code == OK, -1, 0), code])
     monitor = Monitor(inv, scale, drift_tol)
@@ -255,11 +251,11 @@ def drift_detail(target: AbstractMonitored, x0, sol: Solution, save_every: int, 
     bounds = jnp.concatenate([jnp.full(inv.shape, drift_tol), jnp.full(res.shape, drift_tol * scale)])
     is_residual = jnp.arange(values.shape[0]) >= inv.shape[0]
     finite = jnp.isfinite(values)
-    drifted = code == code_of(RESULTS.invariant_drift)
+    drifted = code == code_int(RESULTS.invariant_drift)
     candidate = jnp.where(drifted, ~is_residual, is_residual | ~finite)
     ratio = jnp.where(candidate, jnp.where(finite, values / bounds, jnp.inf), -jnp.inf)
     index = jnp.argmax(ratio)
-    found = (drifted | (code == code_of(RESULTS.constraint_violation))) & jnp.any(candidate)
+    found = (drifted | (code == code_int(RESULTS.constraint_violation))) & jnp.any(candidate)
     return FailureDetail(
         jnp.where(found, index, -1).astype(jnp.int64),
         jnp.where(found, values[index], jnp.nan),

@@ -51,7 +51,6 @@ from .common import (
     Monitor,
     at_top_level,
     begin,
-    code_of,
     compiled_call,
     compiled_call_on,
     drift_detail,
@@ -63,7 +62,7 @@ from .common import (
 )
 from .flagged import flag_failed
 from .solution import FailureDetail, Solution, raise_if_failed
-from .._status import RESULTS
+from .._status import RESULTS, code_int, code_of
 from .._step.base import AbstractStep, FunctionStep
 from .._validate import as_state, check_call_args, check_positive_step, check_run_options, checked_where_known, is_concrete, known
 from ..internal.closure import custom_jvp_by_reference
@@ -97,10 +96,10 @@ def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool)
         k = record[STEPS] + 1
         t = t0 + (k - 1).astype(dt.dtype) * dt
         z_next, result = advance(t, z)
-        code = jnp.asarray(result._value, jnp.int64)
+        code = jnp.asarray(code_of(result), jnp.int64)
         finite = jnp.isfinite(step.state_sum(z_next))
         step_ok = (code == OK) & finite
-        blow_up = jnp.where(k == 1, code_of(RESULTS.nonfinite_first_step), code_of(RESULTS.diverged))
+        blow_up = jnp.where(k == 1, code_int(RESULTS.nonfinite_first_step), code_int(RESULTS.diverged))
         code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
         first = running & ~step_ok
         record = jnp.stack(
@@ -232,8 +231,8 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
             z, i, mark, code = c
             t = t0 + (k + i).astype(dt.dtype) * dt
             z_next, result = fast.advance(t, z, dt, args)
-            if not (is_concrete(result._value) and int(np.asarray(result._value)) == OK):
-                code = jnp.where(code == OK, jnp.asarray(result._value, code.dtype), code)
+            if not (is_concrete(code_of(result)) and int(np.asarray(code_of(result))) == OK):
+                code = jnp.where(code == OK, jnp.asarray(code_of(result), code.dtype), code)
             # The mark of the state the step starts from (read with the step's own
             # inputs, so XLA computes it beside them); the end state's after the loop.
             return z_next, i + 1, mark + finite_mark(z), code
@@ -255,7 +254,7 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
 
                 def full(_):
                     z_full, result = step.advance(t0 + (k0 + j).astype(dt.dtype) * dt, z, dt, args)
-                    return z_full, jnp.broadcast_to(jnp.asarray(result._value, code.dtype), code.shape)
+                    return z_full, jnp.broadcast_to(jnp.asarray(code_of(result), code.dtype), code.shape)
 
                 z_full, code_full = lax.cond(_anywhere(redo), full, lambda _: (z_next, code), None)
                 z_next = step.state_select(redo, z_full, z_next)
@@ -265,7 +264,7 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
             # a search step: the exact loop's status of step k
             k = k0 + j + 1
             finite = jnp.isfinite(step.state_sum(z_next))
-            blow_up = jnp.where(k == 1, code_of(RESULTS.nonfinite_first_step), code_of(RESULTS.diverged))
+            blow_up = jnp.where(k == 1, code_int(RESULTS.nonfinite_first_step), code_int(RESULTS.diverged))
             code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
             bad = pending & (code != OK)
             found = jnp.stack([k, k, code])
@@ -299,10 +298,10 @@ def _fast_steps_unrolled(step: AbstractStep, dt, t0, args, block: int, exact, un
             z, i, mark, ok = c
             t = t0 + (k0 + i).astype(dt.dtype) * dt
             z_next, result = step.advance(t, z, dt, args)
-            if is_concrete(result._value):
-                ok_next = ok if int(np.asarray(result._value)) == OK else jnp.zeros_like(ok)
+            if is_concrete(code_of(result)):
+                ok_next = ok if int(np.asarray(code_of(result))) == OK else jnp.zeros_like(ok)
             else:
-                ok_next = ok & (jnp.asarray(result._value) == OK)
+                ok_next = ok & (jnp.asarray(code_of(result)) == OK)
             return (z_next, i + 1, mark + finite_mark(z), ok_next), None
 
         init = (z, jnp.zeros((), k0.dtype), jnp.zeros(jnp.shape(k0), dt.dtype), jnp.ones(jnp.shape(k0), bool))
@@ -708,7 +707,7 @@ _DEFAULT_METHOD_NOTES = {
     ),
 }
 
-_DRIFT_CODES = frozenset((code_of(RESULTS.invariant_drift), code_of(RESULTS.constraint_violation)))
+_DRIFT_CODES = frozenset((code_int(RESULTS.invariant_drift), code_int(RESULTS.constraint_violation)))
 
 
 def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str) -> Solution:

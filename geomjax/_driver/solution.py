@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._status import RESULTS, from_code, status_names
+from .._status import RESULTS, code_int, code_of, from_code, status_messages, status_names
 from .._validate import known
 
 
@@ -98,7 +98,7 @@ class Solution(eqx.Module):
     @property
     def status(self):
         """The integer code of `result`: 0 on success (an array under vmap)."""
-        return self.result._value
+        return code_of(self.result)
 
     @property
     def status_name(self):
@@ -164,16 +164,16 @@ def raise_if_failed(sol: Solution) -> Solution:
         return sol
     messages = [
         text + (_TRACED_DETAIL + _note(sol, code) if code in _DETAILED else "")
-        for code, text in enumerate(RESULTS._index_to_message)
+        for code, text in enumerate(status_messages())
     ]
     return eqx.branched_error_if(sol, sol.result != RESULTS.successful, sol.status, messages)
 
 
 # The outcomes whose message names a measured value (`FailureDetail`).
 _DETAILED = {
-    int(RESULTS.invariant_drift._value),
-    int(RESULTS.constraint_violation._value),
-    int(RESULTS.inaccurate._value),
+    code_int(RESULTS.invariant_drift),
+    code_int(RESULTS.constraint_violation),
+    code_int(RESULTS.inaccurate),
 }
 _TRACED_DETAIL = (
     ". Which quantity, and its value at the failing save, are in sol.message: run with "
@@ -223,7 +223,7 @@ def measured_sentence(code: int, quantity: str, value: float, bound: float) -> s
     """". At that save …": what a failed run measured at its failing save, for
     `invariant_drift` and `constraint_violation` (`quantity`: which one, e.g. "first
     integral H"; "" if unknown) and `inaccurate`; "" for other outcomes."""
-    if code == int(RESULTS.inaccurate._value):
+    if code == code_int(RESULTS.inaccurate):
         if not np.isfinite(value):
             return (
                 ". The run at dt/2 had failed before this save, so the accuracy could not be "
@@ -237,7 +237,7 @@ def measured_sentence(code: int, quantity: str, value: float, bound: float) -> s
         return ""
     if not np.isfinite(value):
         return f". At that save the {quantity} was not finite"
-    if code == int(RESULTS.invariant_drift._value):
+    if code == code_int(RESULTS.invariant_drift):
         return (
             f". At that save the {quantity} had drifted by {value:.6g} relative to its initial "
             f"value, |I − I(x0)| / (1 + |I(x0)|), against drift_tol = {bound:.3g}"

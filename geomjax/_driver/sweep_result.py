@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._status import RESULTS, from_code, status_names
+from .._status import RESULTS, code_int, from_code, status_names
 from .common import nan_max
 from .grid import Grid
 from .solution import measured_sentence
@@ -131,7 +131,7 @@ class SweepResult(eqx.Module):
             return ""
         save = min(step // save_every, self.ts.shape[0] - 1)
         invariant_labels = definition.get("quantity_labels", [[], []])[0]
-        if code == int(RESULTS.invariant_drift._value):
+        if code == code_int(RESULTS.invariant_drift):
             errors = np.asarray(self.invariant_error[index][save])
             if not errors.size:
                 return ""

@@ -20,7 +20,7 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from .._driver.integrate import integrate
-from .._status import RESULTS, from_code
+from .._status import RESULTS, code_int, code_of, from_code
 
 # A parameter counts as not identified when its variance inflation factor, the diagonal
 # entry of the inverse correlation-scaled JᵀJ, is past this bound: its standard error
@@ -433,11 +433,11 @@ def _statistics_of(t: _Trace, n_obs, positive, absolute: bool):
     ok = _ok(t.r, t.codes)
     code = np.where(
         ~ok,
-        _code(FIT_RESULTS.integration_failed),
+        code_int(FIT_RESULTS.integration_failed),
         np.where(
             np.any(involved, axis=-1),
-            _code(FIT_RESULTS.unidentifiable),
-            np.where(t.converged, _code(FIT_RESULTS.successful), _code(FIT_RESULTS.not_converged)),
+            code_int(FIT_RESULTS.unidentifiable),
+            np.where(t.converged, code_int(FIT_RESULTS.successful), code_int(FIT_RESULTS.not_converged)),
         ),
     )
     return dict(
@@ -522,7 +522,7 @@ class FitResult(eqx.Module):
     @property
     def ok(self):
         """True where the fit succeeded (an array with a datasets axis)."""
-        return np.asarray(self.result._value) == _code(FIT_RESULTS.successful)
+        return np.asarray(code_of(self.result)) == code_int(FIT_RESULTS.successful)
 
     def values(self) -> np.ndarray:
         """The fitted parameters, flat in the order of `names` (datasets first)."""
@@ -547,7 +547,7 @@ class FitResult(eqx.Module):
     @property
     def message(self) -> str:
         """Whether the fit succeeded and, if not, why, in words (with the numbers)."""
-        code = np.asarray(self.result._value)
+        code = np.asarray(code_of(self.result))
         if code.ndim:
             bad = np.flatnonzero(code != 0)
             if not bad.size:
@@ -555,14 +555,14 @@ class FitResult(eqx.Module):
             first = int(bad[0])
             return f"{bad.size} of {code.size} fits did not succeed; dataset {first}: {self[first].message}"
         code = int(code)
-        if code == _code(FIT_RESULTS.successful):
+        if code == code_int(FIT_RESULTS.successful):
             return (
                 f"success: converged after {int(self.iterations)} {self.optimizer} iterations "
                 f"(Gauss–Newton step {float(self.remaining_step):.2g} standard errors)"
             )
         text = FIT_RESULTS[self.result]
-        if code == _code(FIT_RESULTS.integration_failed):
-            runs = np.atleast_1d(np.asarray(self.runs._value))
+        if code == code_int(FIT_RESULTS.integration_failed):
+            runs = np.atleast_1d(np.asarray(code_of(self.runs)))
             bad = np.flatnonzero(runs != 0)
             where = "at the initial guess" if int(self.iterations) <= 0 else "at the fitted parameters"
             if bad.size:
@@ -575,7 +575,7 @@ class FitResult(eqx.Module):
                 f"the residuals are not finite {where} (every run succeeded: the observation function or the data "
                 "give NaN or inf)"
             )
-        if code == _code(FIT_RESULTS.unidentifiable):
+        if code == code_int(FIT_RESULTS.unidentifiable):
             inflation = np.asarray(self.inflation)
             names = [n for n, v in zip(self.names, inflation) if not v <= _MAX_INFLATION]
             unused = [n for n, v in zip(self.names, inflation) if v == np.inf]
@@ -649,7 +649,7 @@ class FitResult(eqx.Module):
     def summary(self) -> str:
         """The fit as a table: each parameter's value ± standard error, then the loss, σ̂
         and the largest correlation, and the message."""
-        if np.ndim(self.result._value):
+        if np.ndim(code_of(self.result)):
             raise ValueError(
                 "summary() is for one fit; this FitResult holds one fit per dataset: pick one with result[i], "
                 "or read result.message"
@@ -673,30 +673,24 @@ class FitResult(eqx.Module):
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        if np.ndim(self.result._value):
+        if np.ndim(code_of(self.result)):
             return self.message
         return self.summary()
 
 
-class FitError(RuntimeError):
+class FitError(eqx.EquinoxRuntimeError):
     """Raised by `geomjax.fit` (with `throw=True`, the default) when a fit did not succeed:
     a run failed, a parameter is not identified, or the optimiser did not converge. The
     message says which and why; the result is kept in `.result` (`FitResult`), so that
-    nothing computed is lost. `throw=False` returns it instead."""
+    nothing computed is lost. `throw=False` returns it instead. Like
+    `geomjax.IntegrationError`, an `equinox.EquinoxRuntimeError` (itself a
+    `RuntimeError`)."""
 
     def __init__(self, message: str, result: "FitResult"):
         super().__init__(message)
         self.result = result
 
 
-def _code(item) -> int:
-    return int(np.asarray(item._value))
-
-
-def _item(enumeration, codes):
-    """The item of `enumeration` with integer code(s) `codes` (an array)."""
-    item = next(iter(enumeration._name_to_item.values()))
-    return eqx.tree_at(lambda r: r._value, item, jnp.asarray(codes, item._value.dtype))
 
 
 def _flat(tree, like) -> np.ndarray:
@@ -968,8 +962,8 @@ def fit(
         information=one(stats["information"]),
         inflation=one(stats["inflation"]),
         remaining_step=one(stats["remaining"]),
-        result=_item(FIT_RESULTS, one(stats["code"])),
-        runs=_item(RESULTS, one(trace.codes)),
+        result=from_code(one(stats["code"]), FIT_RESULTS),
+        runs=from_code(one(trace.codes)),
         stalled=one(trace.stalled),
         names=layout.names,
         positive=layout.positive,

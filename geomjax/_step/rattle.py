@@ -36,7 +36,7 @@ from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
 from ..internal.simplify import scalar_graph
 from ..internal.sparsity import jacobian_sparsity
-from .base import SystemStep, newton_status
+from .base import SystemStep
 from .._system.system import HolonomicSystem, System
 from .._validate import as_state
 

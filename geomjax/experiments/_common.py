@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from .._status import status_names
 
 # --------------------------------------------------------------------------------------
 # Methods and timing
@@ -103,9 +104,7 @@ def max_finite(a) -> float:
 
 
 def _status_names() -> dict[int, str]:
-    import geomjax
-
-    return {int(item._value): name for name, item in geomjax.RESULTS._name_to_item.items()}
+    return status_names()
 
 
 def default_check(target, solution, save_every: int, drift_tol: float = 1e-2) -> str:

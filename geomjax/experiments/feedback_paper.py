@@ -55,6 +55,7 @@ import geomjax
 
 from . import register
 from ._common import Method, default_check, method_styles
+from .._status import code_of, status_names
 
 
 # --------------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class Quantity:
 # The loop: one compilation per method, h and the number of steps traced
 
 
-_OK = int(np.asarray(geomjax.RESULTS.successful._value))
+_OK = int(np.asarray(code_of(geomjax.RESULTS.successful)))
 
 
 @eqx.filter_jit
@@ -105,7 +106,7 @@ def _max_errors(step, x0, h, n, measures):
         z, worst, code = carry
         z, result = run.advance(i.astype(h.dtype) * h, z, h, None)
         worst = jnp.maximum(worst, measures(run.merge(z)))
-        code = jnp.where(code == _OK, jnp.asarray(result._value, code.dtype), code)
+        code = jnp.where(code == _OK, jnp.asarray(code_of(result), code.dtype), code)
         return z, worst, code
 
     init = (z0, jnp.zeros_like(measures(x0)), jnp.asarray(_OK, jnp.int32))
@@ -418,10 +419,7 @@ def _status(code: int, worst) -> str:
 
 
 def _code_name(code: int) -> str:
-    for name, item in geomjax.RESULTS._name_to_item.items():
-        if int(np.asarray(item._value)) == code:
-            return name
-    return f"status {code}"
+    return status_names().get(code, f"status {code}")
 
 
 def _sweep_h(scheme: Scheme, model, measures, hs, t_end, names, progress):

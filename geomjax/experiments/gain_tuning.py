@@ -86,6 +86,7 @@ import geomjax
 
 from . import register
 from ._common import MARKERS, _markevery, _save
+from .._status import code_of
 
 NAME = "gain-tuning"
 
@@ -94,7 +95,7 @@ VARIANTS = ("paper", "adaptive", "recommended", "tuned")
 FIXED = ("paper", "recommended", "tuned", "none")  # the variants run by one compiled loop
 COST_PER_STEP = {"euler": 4, "rk4": 16, "baseline": 1}
 _TABLEAUS = {"euler": geomjax.EULER, "rk4": geomjax.RK4}
-_OK = int(np.asarray(geomjax.RESULTS.successful._value))
+_OK = int(np.asarray(code_of(geomjax.RESULTS.successful)))
 _TINY = 1e-300  # as feedback_objective: log10(value + tiny)
 
 
@@ -259,7 +260,7 @@ def _trajectory(step, quantities, x0, h, per_save, saves: int):
         z, result = run.advance(k.astype(h.dtype) * h, z, h, None)
         dev = quantities(run.merge(z)) - f0
         worst = jnp.maximum(worst, jnp.sqrt(jnp.sum(dev * dev)))
-        code = jnp.where(code == _OK, jnp.asarray(result._value, code.dtype), code)
+        code = jnp.where(code == _OK, jnp.asarray(code_of(result), code.dtype), code)
         return z, worst, code, k + 1
 
     def block(carry, _):

@@ -45,6 +45,7 @@ from geomjax import diagnostics
 
 from . import register
 from ._common import default_check, gains_like
+from .._status import code_int, code_of, status_names
 
 NAME = "planar-pendulum-work-precision"
 
@@ -97,8 +98,7 @@ def _best_time(fn, budget_s: float = 0.05, max_repeat: int = 50) -> float:
     return best
 
 
-def _code(item) -> int:
-    return int(item._value)
+_code = code_int
 
 
 @eqx.filter_jit
@@ -128,7 +128,7 @@ def _first_drift(step, x0, h, n, drift_tol):
         finite = jnp.all(jnp.isfinite(inv)) & jnp.all(jnp.isfinite(res))
         new = jnp.where(finite, new, _code(R.constraint_violation))
         new = jnp.where(jnp.all(jnp.isfinite(x1)), new, _code(R.diverged))
-        new = jnp.where(result == R.successful, new, result._value)
+        new = jnp.where(result == R.successful, new, code_of(result))
         first = (code == 0) & (new != 0)
         return z1, jnp.where(first, new, code), jnp.where(first, i + 1, where)
 
@@ -140,7 +140,7 @@ def _first_drift(step, x0, h, n, drift_tol):
 def _check_label(code: int, where: int) -> str:
     if code == 0:
         return "ok"
-    names = {_code(item): name for name, item in geomjax.RESULTS._name_to_item.items()}
+    names = status_names()
     return f"{names[code]} at step {where}"
 
 
