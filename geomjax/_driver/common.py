@@ -15,12 +15,14 @@ from jax import lax
 
 from .._monitored import AbstractMonitored
 from .._status import RESULTS, code_int, from_code
+from ..internal import simplify
 from .solution import FailureDetail, Solution
 
 
 @eqx.filter_jit
-def _compiled(program, options, *trees):
-    return program(*trees, *options)
+def _compiled(program, options, simplified, *trees):
+    with simplify.enabled(simplified):
+        return program(*trees, *options)
 
 
 def compiled_call(program, options: tuple, *trees):
@@ -29,9 +31,11 @@ def compiled_call(program, options: tuple, *trees):
     of `options` are traced, everything else (the program, functions, Python numbers)
     is static and part of JAX's cache key, so two closures are two programs. Works
     inside jit/vmap/grad; values a function closes over are traced by the enclosing
-    transformation, not baked in.
+    transformation, not baked in. Whether the scalar-graph simplification is on
+    (`geomjax.internal.simplify.is_enabled()`, read at trace time) is part of the key
+    too: a program compiled inside `simplify.enabled(False)` is never reused outside it.
     """
-    return _compiled(program, options, *trees)
+    return _compiled(program, options, simplify.is_enabled(), *trees)
 
 
 class _StaticPart:
@@ -54,10 +58,11 @@ class _StaticPart:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _compiled_on(static: _StaticPart, dynamic, *arrays):
-    program, options, treedef, leaves = static.parts
+    program, options, simplified, treedef, leaves = static.parts
     it = iter(dynamic)
     obj = jax.tree_util.tree_unflatten(treedef, [next(it) if leaf is None else leaf for leaf in leaves])
-    return program(obj, *arrays, *options)
+    with simplify.enabled(simplified):
+        return program(obj, *arrays, *options)
 
 
 def compiled_call_on(program, options: tuple, obj, *arrays):
@@ -71,12 +76,14 @@ def compiled_call_on(program, options: tuple, obj, *arrays):
     memo = memo_of(obj) if at_top_level() and all(eqx.is_array(a) for a in arrays) else None
     if memo is None:
         return compiled_call(program, options, obj, *arrays)
-    key = ("compiled", program, options)
+    simplified = simplify.is_enabled()
+    key = ("compiled", program, options, simplified)
     found = memo.get(key)
     if found is None:
         leaves, treedef = jax.tree_util.tree_flatten(obj)
         dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
-        parts = (program, options, treedef, tuple(None if eqx.is_array(leaf) else leaf for leaf in leaves))
+        parts = (program, options, simplified, treedef,
+                 tuple(None if eqx.is_array(leaf) else leaf for leaf in leaves))
         try:
             static = _StaticPart(parts, hash(parts))
         except TypeError:  # an unhashable static leaf: equinox's path says what is wrong
