@@ -149,7 +149,7 @@ from ._learning.training import (
 )
 from ._learning.data import Trajectories as Trajectories, chain_trajectories as chain_trajectories
 
-__version__ = "0.2.0"
+from ._version import __version__ as __version__
 
 
 def __getattr__(name):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._status import RESULTS, code_int, from_code, status_names
+from .._version import __version__
 from .common import nan_max
 from .grid import Grid
 from .solution import measured_sentence
@@ -297,7 +298,6 @@ def _edges(xv, yv):
 
 
 def _definition_json(grid: Grid, definition: dict) -> str:
-    import geomjax
 
     out = {
         "swept": [{name: np.asarray(v).tolist() if np.asarray(v).size <= 4096 else f"array{np.shape(v)}" for name, v in axis.items()} for axis in grid.axes]
@@ -314,7 +314,7 @@ def _definition_json(grid: Grid, definition: dict) -> str:
             value = float(value) if not isinstance(value, jax.core.Tracer) else "traced"
         out[key] = value
     out["versions"] = {
-        "geomjax": geomjax.__version__,
+        "geomjax": __version__,
         "jax": jax.__version__,
         "python": sys.version.split()[0],
         "backend": jax.default_backend(),
