@@ -20,6 +20,8 @@ G M⁻¹Gᵀ nearly singular). A matrix that is not positive definite gives non-
 factors, which the callers report as a failed solve.
 """
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -80,7 +82,50 @@ def _bfs(root, neighbours, degree, seen):
     return out
 
 
-class BlockCholeskyPlan(eqx.Module):
+class BlockPlan(eqx.Module):
+    """The trace-time layout shared by the block plans (`BlockCholeskyPlan`,
+    `geomjax._solve.block_lu.BlockLUPlan`): `perm` (m,), the RCM order; `seeds` (c, m),
+    coloured seeds whose products give the entries; `source` (kinds, nb, s, s), where each
+    entry of the blocks sits in the flattened products (see `block_layout`)."""
+
+    perm: np.ndarray
+    seeds: np.ndarray
+    source: np.ndarray
+    bandwidth: int = eqx.field(static=True)
+
+    symmetric: ClassVar[bool] = True
+
+    @classmethod
+    def from_pattern(cls, pattern: Pattern, max_block: int | None = None):
+        """The plan for a square sparse pattern, or None where it has dense rows or its RCM
+        bandwidth exceeds `max_block`."""
+        layout = block_layout(pattern, max_block, symmetric=cls.symmetric)
+        return None if layout is None else cls(*layout)
+
+    @classmethod
+    def of(cls, fn, m: int, dtype=np.float64, max_block: int | None = None):
+        """The plan for the Jacobian of `fn: R^m → R^m` (a linear map: the map itself), from
+        its structural pattern; None where the analysis cannot trace `fn`, the pattern is
+        not square or has dense rows, or the band exceeds `max_block`."""
+        from ..internal.sparsity import jacobian_sparsity
+
+        try:
+            pattern = jacobian_sparsity(fn, m, dtype)
+        except Exception:  # an analysis that cannot trace: no plan
+            return None
+        return cls.from_pattern(pattern, max_block) if pattern.size == m else None
+
+    @property
+    def block(self) -> int:
+        return self.source.shape[-1]
+
+    def blocks(self, linear, dtype):
+        """The blocks (kinds, nb, s, s) of the linear map (permuted), from c products;
+        padding rows get an identity diagonal."""
+        return gather_blocks(self.perm.shape[0], self.seeds, self.source, linear, dtype)
+
+
+class BlockCholeskyPlan(BlockPlan):
     """Trace-time facts for factoring a sparse SPD matrix A (given as a linear map) by blocks.
 
     `perm` (m,): the RCM order; `seeds` (c, m): coloured seeds whose products give A's
@@ -106,38 +151,6 @@ class BlockCholeskyPlan(eqx.Module):
 
     ```
     """
-
-    perm: np.ndarray
-    seeds: np.ndarray
-    source: np.ndarray
-    bandwidth: int = eqx.field(static=True)
-
-    @classmethod
-    def from_pattern(cls, pattern: Pattern, max_block: int | None = None) -> "BlockCholeskyPlan | None":
-        """The plan for a square sparse pattern, or None where it has dense rows or its RCM
-        bandwidth exceeds `max_block`."""
-        layout = block_layout(pattern, max_block, symmetric=True)
-        return None if layout is None else cls(*layout)
-
-    @classmethod
-    def of(cls, linear, m: int, dtype=np.float64, max_block: int | None = None) -> "BlockCholeskyPlan | None":
-        """The plan for the linear map `linear: R^m → R^m`, from its structural pattern."""
-        from ..internal.sparsity import jacobian_sparsity
-
-        try:
-            pattern = jacobian_sparsity(linear, m, dtype)
-        except Exception:  # an analysis that cannot trace: no plan
-            return None
-        return cls.from_pattern(pattern, max_block)
-
-    @property
-    def block(self) -> int:
-        return self.source.shape[-1]
-
-    def blocks(self, linear, dtype):
-        """The diagonal and sub-diagonal blocks (2, nb, s, s) of A (permuted), from c products;
-        padding rows get an identity diagonal."""
-        return gather_blocks(self.perm.shape[0], self.seeds, self.source, linear, dtype)
 
     def diagonal(self, blocks):
         """diag(A) in the original order, from `blocks`."""

@@ -18,14 +18,14 @@ A singular J gives non-finite factors, which Newton's convergence test reports
 (`RESULTS.newton_failed`), never a wrong answer.
 """
 
-import equinox as eqx
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..internal.sparsity import Pattern, jacobian_sparsity
-from .block_cholesky import block_layout, gather_blocks, inverse_permutation
+from .block_cholesky import BlockPlan, inverse_permutation
 
 #: The fewest unknowns for which `Newton` solves by blocks when the Jacobian is sparse,
 #: with a band of at most a quarter of them. Measured on 4 × 4 … 8 × 8 cloths (2-core CPU,
@@ -37,7 +37,7 @@ from .block_cholesky import block_layout, gather_blocks, inverse_permutation
 SPARSE_NEWTON_MIN = 100
 
 
-class BlockLUPlan(eqx.Module):
+class BlockLUPlan(BlockPlan):
     """Trace-time facts for solving with a sparse square Jacobian by block LU.
 
     `perm` (m,): the RCM order; `seeds` (c, m): coloured seeds whose products give the
@@ -67,30 +67,7 @@ class BlockLUPlan(eqx.Module):
     ```
     """
 
-    perm: np.ndarray
-    seeds: np.ndarray
-    source: np.ndarray
-    bandwidth: int = eqx.field(static=True)
-
-    @classmethod
-    def from_pattern(cls, pattern: Pattern, max_block: int | None = None) -> "BlockLUPlan | None":
-        """The plan for a square sparse pattern, or None where it has dense rows or its RCM
-        bandwidth exceeds `max_block`."""
-        layout = block_layout(pattern, max_block, symmetric=False)
-        return None if layout is None else cls(*layout)
-
-    @classmethod
-    def of(cls, fn, m: int, dtype=np.float64, max_block: int | None = None) -> "BlockLUPlan | None":
-        """The plan for ∂fn/∂y, fn: R^m → R^m (flat), from its structural pattern; None where
-        the analysis cannot trace `fn`, the pattern is not square or has dense rows, or the
-        band exceeds `max_block`."""
-        try:
-            pattern = jacobian_sparsity(fn, m, dtype)
-        except Exception:  # an analysis that cannot trace: no plan
-            return None
-        if pattern.size != m:
-            return None
-        return cls.from_pattern(pattern, max_block)
+    symmetric: ClassVar[bool] = False
 
     @classmethod
     def for_newton(cls, fn, m: int, dtype=np.float64) -> "BlockLUPlan | None":
@@ -102,15 +79,6 @@ class BlockLUPlan(eqx.Module):
             return None
         plan = cls.of(fn, m, dtype, m // 4)
         return plan if plan is not None and plan.seeds.shape[0] < m // 2 else None
-
-    @property
-    def block(self) -> int:
-        return self.source.shape[-1]
-
-    def blocks(self, linear, dtype):
-        """The diagonal, sub- and super-diagonal blocks (3, nb, s, s) of J (permuted), from c
-        products of the linear map `linear`; padding rows get an identity diagonal."""
-        return gather_blocks(self.perm.shape[0], self.seeds, self.source, linear, dtype)
 
     def factor(self, linear, dtype):
         """Block LU factors of the linear map `linear` with partial pivoting across each

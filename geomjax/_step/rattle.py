@@ -329,21 +329,21 @@ class Rattle(SystemStep):
         stale = age >= self.refactor_every
         factors = lax.cond(stale, fresh, lambda: factors)
         age = jnp.where(stale, 0, age)
-        out, status = self._advance((q, p), h, factors)
+        out, status = self._advance((q, p), h, factors, plan)
 
         def redo():
             new = fresh()
-            again, again_status = self._advance((q, p), h, new)
+            again, again_status = self._advance((q, p), h, new, plan)
             return again, again_status, new, jnp.zeros_like(age)
 
         keep = (status == RESULTS.successful) | (age == 0)
         out, status, factors, age = lax.cond(keep, lambda: (out, status, factors, age), redo)
         return (*out, factors, age + 1), status
 
-    def _advance(self, z, h, factors=None):
+    def _advance(self, z, h, factors=None, plan=None):
         q, p = z[0], z[1]
         mech = self._mech
-        plan = self._plan(q, p, h)
+        plan = self._plan(q, p, h) if plan is None else plan
         position_ok, precondition = True, None
         if self.separable:
             q1, p_half, res, position_ok = self._position_stage_separable(
