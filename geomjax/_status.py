@@ -104,12 +104,12 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
         "use a higher-order method (geomjax.method_order)"
     )
     linear_solve_failed = (
-        "an iterative linear solve inside the step (conjugate gradients for the constraint "
-        "multipliers of a large sparse constraint graph) did not reach its tolerance within "
-        "its iteration limit: the constraint matrix G M⁻¹ Gᵀ is singular or nearly so at "
-        "this state (dependent constraints, or a mass near zero), or the step is too large "
-        "(lower dt). geomjax.rattle(..., structured=False) solves the same step densely, "
-        "for comparison"
+        "a sparse linear solve inside the step failed (the constraint multipliers of a "
+        "large sparse constraint graph: conjugate gradients that did not reach their "
+        "tolerance within their iteration limit, or a block Cholesky factorization that "
+        "broke down): the constraint matrix G M⁻¹ Gᵀ is singular or nearly so at this state "
+        "(dependent constraints, or a mass near zero), or the step is too large (lower dt). "
+        "geomjax.rattle(..., structured=False) solves the same step densely, for comparison"
     )
 
 

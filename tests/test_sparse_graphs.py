@@ -450,3 +450,46 @@ def test_a_step_too_large_is_blamed_on_the_position_iteration_not_the_velocity_s
         jnp.linalg.lstsq(jax.jacfwd(model.system.holonomic)(x[:n]).T, x[n:])[0])[0])  # on G p = 0
     _, status = jax.jit(lambda z: step.advance(0.0, z, 0.3, None))(step.split(x))
     assert status == RESULTS.newton_failed
+
+
+def test_a_failed_sparse_solve_names_the_solve_the_step_and_the_residual(monkeypatch):
+    """Conjugate gradients held to two iterations cannot solve a ring's G M⁻¹Gᵀ: the run
+    ends with linear_solve_failed at step 1, and the message gives each stage's relative
+    residual against its bound (repeated at the last good state), never a success."""
+    from functools import partial
+
+    from geomjax._solve import krylov
+
+    model = geomjax.models.rod_ring(20)
+    step = geomjax.rattle(model.system, structured="krylov")
+    monkeypatch.setattr(krylov, "pcg", partial(krylov.pcg, max_steps=2))
+    try:
+        sol = geomjax.integrate(step, model.x0, dt=0.01, steps=4, save_every=2, throw=False)
+    finally:
+        geomjax.clear_caches()  # the programs compiled with the patched limit
+    assert sol.result == RESULTS.linear_solve_failed and int(sol.failed_step) == 1
+    message = sol.message
+    assert "at step 1" in message and "last good state (step 0)" in message
+    assert "by conjugate gradients" in message
+    position = float(message.split("position stage ")[1].split(" ")[0])
+    assert position > 1e-1  # above its bound: the residual that failed
+
+
+def test_the_residual_is_measured_at_the_last_good_state_between_saves():
+    """A failure at step 5 of a run saved every 3 steps: the diagnosis repeats the step at
+    state 4 (run on from the save at step 3), as a direct call there does."""
+    import dataclasses
+
+    from geomjax._driver.integrate import _with_linear_cause
+
+    model = geomjax.models.rod_ring(20)
+    step = geomjax.rattle(model.system, structured="krylov")
+    sol = geomjax.integrate(step, model.x0, dt=0.01, steps=6, save_every=3)
+    failed = dataclasses.replace(sol, result=RESULTS.linear_solve_failed, failed_step=jnp.asarray(5))
+    cause = _with_linear_cause(failed, step, 0.01, 0.0, None, 3).detail.cause
+    position = lambda steps: float(step.linear_residuals(
+        geomjax.integrate(step, model.x0, dt=0.01, steps=steps, save_every=steps).xs[-1], 0.01)[1][0][1])
+    assert "(step 4)" in cause
+    reported = float(cause.split("position stage ")[1].split(" ")[0])
+    assert abs(reported - position(4)) <= 1e-2 * reported
+    assert abs(reported - position(3)) > 1e-2 * reported  # not the save's state

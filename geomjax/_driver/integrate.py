@@ -721,6 +721,48 @@ def _explained(target, x0, sol: Solution, save_every: int, drift_tol, note: str)
     return _with_detail(sol, detail)
 
 
+def _with_linear_cause(sol: Solution, step, dt, t0, args, save_every: int) -> Solution:
+    """`sol`, with `detail.cause` giving the residual where a run of a step with sparse
+    linear solves (`Rattle.linear_residuals`) ended with `RESULTS.linear_solve_failed`:
+    the step's solves are repeated at the last good state (step k − 1 of a failure at step
+    k, reached from the last save before it) and their relative residuals ‖b − A y‖/‖b‖
+    named beside the bound each must reach. Only for a run that failed outside jit."""
+    status = known(sol.status)
+    diagnose = getattr(step, "linear_residuals", None)
+    if (
+        diagnose is None
+        or status is None
+        or np.ndim(status) != 0
+        or int(status) != code_int(RESULTS.linear_solve_failed)
+        or not is_concrete((sol.xs, dt, t0, args, step))
+        or np.ndim(dt) != 0
+    ):
+        return sol
+    failed = int(known(sol.failed_step))
+    save = max(failed - 1, 0) // save_every
+    before = failed - 1 - save * save_every  # steps from that save to the last good state
+    x = sol.xs[save]
+    dt, t0 = jnp.asarray(dt, x.dtype), jnp.asarray(t0, x.dtype)
+    if before > 0:
+        x = _run_fixed(step, x, dt, t0 + save * save_every * dt, args, before, before, True, False, None, None).xs[-1]
+    report = eqx.filter_jit(diagnose)(x, dt)
+    if report is None:
+        return sol
+    solver, rows = report
+    measured = "; ".join(f"{stage} stage {_residual_words(float(rel))} (bound {bound:.0e})" for stage, rel, bound in rows)
+    cause = (
+        f"Repeated at the last good state (step {failed - 1}), the step's sparse solves by {solver} "
+        f"with G M⁻¹Gᵀ reach the relative residuals ‖b − A y‖/‖b‖: {measured}"
+    )
+    return _with_detail(sol, dataclasses.replace(sol.detail, cause=cause))
+
+
+def _residual_words(rel: float) -> str:
+    if np.isfinite(rel):
+        return f"{rel:.3g}"
+    return "not finite (the solve broke down: G M⁻¹Gᵀ is not positive definite there)"
+
+
 def _with_gain_cause(sol: Solution, field, x0, dt, method: str) -> Solution:
     """`sol`, with `detail.cause` saying so where a failed run of a feedback field had
     h·λ_max(L∇²V)(x0) at or past the stability bound β of its explicit method (the gains,
@@ -1002,6 +1044,7 @@ def integrate(
             sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
         if field is not None:
             sol = _with_gain_cause(sol, field, x0, dt, method)
+        sol = _with_linear_cause(sol, target, dt, t0, args, save_every)
     if throw:
         sol = raise_if_failed(sol)
     return sol

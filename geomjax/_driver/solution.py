@@ -163,7 +163,7 @@ def raise_if_failed(sol: Solution) -> Solution:
             raise IntegrationError(_message(sol, status), sol)
         return sol
     messages = [
-        text + (_TRACED_DETAIL + _note(sol, code) if code in _DETAILED else "")
+        text + (_TRACED_DETAIL + _note(sol, code) if code in _DETAILED else _TRACED_RESIDUAL if code == _LINEAR else "")
         for code, text in enumerate(status_messages())
     ]
     return eqx.branched_error_if(sol, sol.result != RESULTS.successful, sol.status, messages)
@@ -178,6 +178,12 @@ _DETAILED = {
 _TRACED_DETAIL = (
     ". Which quantity, and its value at the failing save, are in sol.message: run with "
     "throw=False and read sol.message outside jit"
+)
+
+_LINEAR = code_int(RESULTS.linear_solve_failed)
+_TRACED_RESIDUAL = (
+    ". The residual each sparse solve reaches at the last good state is in sol.message: run "
+    "with throw=False and read sol.message outside jit"
 )
 
 

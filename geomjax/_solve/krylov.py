@@ -209,9 +209,23 @@ def spd_solve(apply, b, inv_diag, rtol: float = EXACT_RTOL):
     return symmetric_solve(apply, b, GramPlan(np.zeros((1, b.shape[0]))), inv_diag, rtol)
 
 
+def residual_bound(rtol: float) -> float:
+    """The relative true residual ‖b − A x‖/‖b‖ a solve to `rtol` must reach to count as
+    converged: max(100·rtol, `_TRUE_RESIDUAL_RTOL`)."""
+    return max(100.0 * rtol, _TRUE_RESIDUAL_RTOL)
+
+
+def relative_residual(apply, b, x):
+    """‖b − A x‖₂ / ‖b‖₂ (0 for b = 0 solved exactly; NaN where x is not finite)."""
+    r = jnp.linalg.norm(b - apply(x))
+    nb = jnp.linalg.norm(b)
+    rel = jnp.where(nb > 0, r / jnp.where(nb > 0, nb, 1.0), jnp.where(r > 0, jnp.inf, 0.0))
+    return jnp.where(jnp.all(jnp.isfinite(x)), rel, jnp.nan)
+
+
 def true_residual_ok(apply, b, x, rtol):
-    """‖b − A x‖ ≤ max(100·rtol, `_TRUE_RESIDUAL_RTOL`)·‖b‖ and x finite."""
-    bound = max(100.0 * rtol, _TRUE_RESIDUAL_RTOL) * jnp.linalg.norm(b)
+    """‖b − A x‖ ≤ `residual_bound(rtol)`·‖b‖ and x finite."""
+    bound = residual_bound(rtol) * jnp.linalg.norm(b)
     return (jnp.linalg.norm(b - apply(x)) <= bound) & jnp.all(jnp.isfinite(x))
 
 

@@ -30,7 +30,17 @@ from jax import lax
 
 from .._solve.banded import TridiagonalJacobian
 from .._solve.block_cholesky import BlockCholeskyPlan, direct_band_limit
-from .._solve.krylov import GramPlan, PreconditionedCG, chord_solve, pcg, symmetric_solve
+from .._solve.krylov import (
+    EXACT_RTOL,
+    INNER_RTOL,
+    GramPlan,
+    PreconditionedCG,
+    chord_solve,
+    pcg,
+    relative_residual,
+    residual_bound,
+    symmetric_solve,
+)
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
 from .._status import RESULTS
@@ -74,9 +84,10 @@ class _Mechanics(eqx.Module):
         return jax.jvp(self.g, (q,), (v,))[1]
 
 
-def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None, precondition=None):
+def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None, precondition=None, report=False):
     """The RATTLE velocity stage: μ such that p₁ = p_free − (h/2)G(q₁)ᵀμ satisfies the hidden
-    constraint G(q₁)∂H/∂p(q₁, p₁) = 0. Returns `(p₁, converged)`.
+    constraint G(q₁)∂H/∂p(q₁, p₁) = 0. Returns `(p₁, converged)` (with `report` on a sparse
+    plan, the relative residual ‖b − Aμ‖/‖b‖ of its solve instead).
 
     For a kinetic energy quadratic in p the residual is affine in μ, so one linear solve
     (A μ = −r(0) with A = ∂r/∂μ = −(h/2)G M⁻¹Gᵀ by forward mode) is exact; no iteration is
@@ -106,6 +117,8 @@ def _momentum_projection(mech: _Mechanics, q1, p_free, h, plan=None, preconditio
             mu, ok = symmetric_solve(positive, r0, PreconditionedCG, precondition)
         else:
             mu, ok = symmetric_solve(positive, r0, plan, plan.prepare(positive, zero.dtype))
+        if report:  # the relative residual of the solve instead (`Rattle.linear_residuals`)
+            return relative_residual(positive, r0, mu)
         return momentum(mu), ok
     if plan is not None:
         r0, linear = jax.linearize(residual, zero)
@@ -229,10 +242,9 @@ class Rattle(SystemStep):
     # O(1), so Newton's update test |Δν| ≤ atol + rtol|ν| is meaningful at any h (in λ
     # itself round-off in g(q₁) is amplified by 1/h²).
 
-    def _position_stage_separable(self, q, p, h, plan, factors=None):
-        """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k
-        unknowns). `factors`: block factors of G M⁻¹Gᵀ to use for A₀ instead of factoring
-        at q (carried from an earlier step)."""
+    def _position_map(self, q, p, h):
+        """ν ↦ (q₁, p½) of the separable position stage, p½ = p − (h/2)∇U(q) − G(q)ᵀν/h,
+        q₁ = q + h ∂H/∂p(p½); and the zero multiplier."""
         mech = self._mech
         kick = p - 0.5 * h * mech.dh_dq(q, p)
         g0, transpose = mech.g_and_transpose(q)
@@ -241,15 +253,57 @@ class Rattle(SystemStep):
             p_half = kick - transpose(nu) / h
             return q + h * mech.dh_dp(q, p_half), p_half
 
+        return advance, jnp.zeros_like(g0)
+
+    def _chord_parts(self, q, advance, zero):
+        """q₁(0), the linear map ν ↦ q₁(ν) − q₁(0) = −M⁻¹G(q)ᵀν, and v ↦ A₀v = G(q)M⁻¹G(q)ᵀv."""
+        q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
+        _, g_lin = jax.linearize(self._mech.g, q)
+        return q_free, shift, lambda v: -g_lin(shift(v))
+
+    def linear_residuals(self, x, h):
+        """What the step's sparse linear solves reach at the state `x` (the diagnosis of a
+        run that ended with `RESULTS.linear_solve_failed`, repeated at its last good state).
+
+        Returns `(solver, rows)` with `solver` "conjugate gradients" or "block Cholesky"
+        and `rows` a tuple of `(stage, relative residual ‖b − A y‖/‖b‖, bound)`: the
+        position stage's first correction with A₀ = G(q)M⁻¹G(q)ᵀ, b = g(q₁(0)) (bound: its
+        inner tolerance), and the velocity stage's solve with G(q₁)M⁻¹G(q₁)ᵀ at the q₁ the
+        step reaches (bound: the exact solves' true-residual test); or None where the step
+        has no sparse plan (its solves are dense).
+        """
+        q, p = self.split(x)[:2]
+        h = jnp.asarray(h, p.dtype)
+        plan = self._plan(q, p, h) if self.separable else None
+        if not isinstance(plan, _SPARSE_PLANS):
+            return None
+        mech = self._mech
+        advance, zero = self._position_map(q, p, h)
+        q_free, _, gram = self._chord_parts(q, advance, zero)
+        b = mech.g(q_free)
+        prepared = plan.prepare(gram, zero.dtype)
+        correction = plan.apply_inverse(prepared, gram, b, INNER_RTOL)[0]
+        rows = [("position", relative_residual(gram, b, correction), residual_bound(INNER_RTOL))]
+        if self.velocity_projection:
+            q1, p_half, _, _ = self._position_stage_separable(q, p, h, plan)
+            p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
+            rel = _momentum_projection(mech, q1, p_free, h, plan, report=True)
+            rows.append(("velocity", rel, residual_bound(EXACT_RTOL)))
+        solver = "block Cholesky" if isinstance(plan, BlockCholeskyPlan) else "conjugate gradients"
+        return solver, tuple(rows)
+
+    def _position_stage_separable(self, q, p, h, plan, factors=None):
+        """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k
+        unknowns). `factors`: block factors of G M⁻¹Gᵀ to use for A₀ instead of factoring
+        at q (carried from an earlier step)."""
+        mech = self._mech
+        advance, zero = self._position_map(q, p, h)
         # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine.
-        zero = jnp.zeros_like(g0)
         if isinstance(plan, _SPARSE_PLANS):
             # A sparse graph: ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by a block Cholesky
             # factorization (narrow band) or conjugate gradients (never formed), products by
             # one jvp and one vjp of g.
-            q_free, shift = jax.linearize(lambda nu: advance(nu)[0], zero)
-            _, g_lin = jax.linearize(mech.g, q)
-            gram = lambda v: -g_lin(shift(v))  # G M⁻¹Gᵀ v (shift = −M⁻¹Gᵀ)
+            q_free, shift, gram = self._chord_parts(q, advance, zero)
             prepared = plan.prepare(gram, zero.dtype) if factors is None else factors
             inv_diag = plan.inverse_diagonal(prepared)
 
