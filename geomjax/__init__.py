@@ -6,15 +6,12 @@ methods preserve to round-off are lost in float32.
 
 from . import _config  # noqa: F401  (enables float64 first)
 from . import models as models
-from ._system.bracket import bracket as bracket, hamiltonian_vector_field as hamiltonian_vector_field
+from ._system.bracket import bracket as bracket
+from ._field.hamiltonian import hamiltonian_vector_field as hamiltonian_vector_field
 from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
-from ._field.feedback import (
-    ChosenGainsWarning as ChosenGainsWarning,
-    FeedbackField as FeedbackField,
-    feedback_field as feedback_field,
-)
-from ._field.adaptive_gain import AdaptiveFeedbackField as AdaptiveFeedbackField
-from ._tuning.stability import (
+from ._field.feedback import AdaptiveFeedbackField as AdaptiveFeedbackField, FeedbackField as FeedbackField
+from ._stability.feedback_field import ChosenGainsWarning as ChosenGainsWarning, feedback_field as feedback_field
+from ._stability.analysis import (
     FeedbackAccuracyWarning as FeedbackAccuracyWarning,
     GainCheck as GainCheck,
     check_gains as check_gains,
@@ -147,7 +144,8 @@ from ._learning.training import (
     rollout_loss as rollout_loss,
     train as train,
 )
-from ._learning.data import Trajectories as Trajectories, chain_trajectories as chain_trajectories
+from .models._trajectories import Trajectories as Trajectories
+from .models._chain_data import chain_trajectories as chain_trajectories
 
 from ._version import __version__ as __version__
 

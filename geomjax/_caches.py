@@ -4,7 +4,7 @@ import jax
 
 from ._driver import common, sweep
 from ._system import implicit
-from ._tuning import stability
+from ._stability import analysis as stability
 
 
 def clear_caches() -> None:

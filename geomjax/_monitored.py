@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._labels import numbered
 from ._validate import known
 from .internal.simplify import scalar_graph
 
@@ -102,19 +103,8 @@ class AbstractSystemMonitored(AbstractMonitored):
         return self.system.invariants(x)
 
     def quantity_labels(self, x):
-        from ._system.system import System
-
-        if isinstance(self.system, System):
-            return self.system.quantity_labels(x)
-        return super().quantity_labels(x)
-
-
-def numbered(prefix: str, n: int, start: int = 0) -> tuple[str, ...]:
-    """`n` labels `prefix[i]` (0-based indices), or with `start=1` the names `g1`, `g2`, …
-    (a single one unnumbered, `g`): the default names of monitored entries."""
-    if start:
-        return (prefix,) if n == 1 else tuple(f"{prefix}{i + start}" for i in range(n))
-    return tuple(f"{prefix}[{i}]" for i in range(n))
+        labels = getattr(self.system, "quantity_labels", None)  # a System names its own
+        return super().quantity_labels(x) if labels is None else labels(x)
 
 
 @eqx.filter_jit

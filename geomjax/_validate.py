@@ -279,3 +279,10 @@ def trace_user_function(fn, spec, what: str):
         return jax.eval_shape(lambda a: fn(a), spec)
     except _TRACE_ERRORS as err:
         raise TypeError(untraceable_message(what, err)) from err
+
+
+def positive_count(value, name: str = "steps") -> int:
+    """`value` as an int, or a ValueError naming `name` unless it is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)

@@ -6,7 +6,7 @@ import numpy as np
 import geomjax
 from geomjax._driver import common, sweep
 from geomjax._system import implicit
-from geomjax._tuning import stability
+from geomjax._stability import analysis as stability
 
 
 def test_clear_caches_empties_every_table_and_changes_no_result():

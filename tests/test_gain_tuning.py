@@ -130,7 +130,7 @@ def test_adaptive_gain_matches_its_definition_on_a_known_lyapunov_function():
     np.testing.assert_allclose(np.asarray(A(x)), np.asarray(expected), rtol=1e-13)
     # On an embedded group (k₀/4‖RᵀR − I‖² in V, a matrix metric) the Gauss–Newton
     # Hessian the rule uses is ∇²V on the invariant set.
-    from geomjax._field.adaptive_gain import gauss_newton_hessian
+    from geomjax._field.feedback_terms import gauss_newton_hessian
 
     body = geomjax.models.rigid_body()
     R = geomjax.feedback_field(body.system, body.x0, body.gains, body.metric)

@@ -39,6 +39,8 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 
 from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
+from .._field.feedback import AbstractFeedbackField
+from .._stability.analysis import check_gains
 from .._step.runge_kutta import ExplicitRungeKutta
 from .._step.methods import build_step, method_builder
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
@@ -687,8 +689,6 @@ def default_method(field) -> str:
     fields (feedback Euler, the integrator of Chang, Perlmutter and Vankerschaver (2022) and of Bae & Chang's adaptive gain,
     whose gains are chosen for it: `feedback_field(..., dt=h)`), `"rk4"` (explicit, order
     4) for every other field (Dirac, nonholonomic, contact fields, plain callables)."""
-    from .._field.feedback import AbstractFeedbackField
-
     return "euler" if isinstance(field, AbstractFeedbackField) else "rk4"
 
 
@@ -768,8 +768,6 @@ def _with_gain_cause(sol: Solution, field, x0, dt, method: str) -> Solution:
     h·λ_max(L∇²V)(x0) at or past the stability bound β of its explicit method (the gains,
     the bound and `geomjax.recommended_gains`). Only for a run that failed outside jit
     (status, x0 and dt known), one state and one step size."""
-    from .._field.feedback import AbstractFeedbackField
-
     status = known(sol.status)
     if (
         status is None
@@ -780,8 +778,6 @@ def _with_gain_cause(sol: Solution, field, x0, dt, method: str) -> Solution:
         or np.ndim(dt) != 0
     ):
         return sol
-    from .._tuning.stability import check_gains
-
     try:
         check = check_gains(field, x0, float(dt), str(method), warn=False)
     except (ValueError, TypeError):
@@ -1020,7 +1016,7 @@ def integrate(
         method = default_method(target)
         note = _DEFAULT_METHOD_NOTES[method]
     if not is_step and diffrax is not None and isinstance(method, diffrax.AbstractSolver):
-        from .adaptive import run_diffrax
+        from .adaptive import run_diffrax  # imports diffrax: only when a diffrax solver is passed (import time)
 
         _as_accuracy_tol(accuracy_tol, adaptive=True)
         sol = run_diffrax(

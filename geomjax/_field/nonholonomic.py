@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .feedback import AbstractFeedbackField, _check_metric, embedding_potential, has_embedding, resolve_target, split_gains
+from .feedback import AbstractFeedbackField
+from .feedback_terms import _check_metric, embedding_potential, has_embedding, resolve_target, split_gains
 from .._monitored import START_TOL, check_on_constraint_set
 from .base import SystemField
 from ..internal.simplify import MAX_INPUTS

@@ -23,11 +23,14 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._field.base import as_field
 from .._field.dirac import dirac_field
-from .._field.feedback import feedback_field
+from .._stability.analysis import recommended_gains
+from .._stability.feedback_field import feedback_field
 from .._status import RESULTS
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
 from ..internal import simplify
+from ..models._trajectories import Trajectories, cut_chunks
+from .._validate import positive_count
 from .networks import ConstrainedHamiltonianNetwork, NeuralODE, trainable_filter
 
 _LOSSES = ("mae", "mse")
@@ -124,12 +127,6 @@ def _maps(model):
     return model.canonical_maps()
 
 
-def _steps(value, name: str = "steps") -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def rollout(
     model,
     x0: Float[ArrayLike, " 2n"],
@@ -192,8 +189,8 @@ def rollout(
 
     ```
     """
-    steps = _steps(steps)
-    substeps = _steps(substeps, "substeps")
+    steps = positive_count(steps)
+    substeps = positive_count(substeps, "substeps")
     _check_method(model, method)
     to_canonical, from_canonical = _maps(model)
     xs = _canonical_run(model, to_canonical(jnp.asarray(x0)), steps, dt, method, substeps, gains)
@@ -260,7 +257,7 @@ def rollout_loss(
     chunks = jnp.asarray(chunks)
     if chunks.ndim != 3 or chunks.shape[1] < 2:
         raise ValueError(f"chunks must have shape (B, C, 2n) with C ≥ 2 observations each, got {tuple(chunks.shape)}")
-    return _loss_value(model, chunks, dt, method, _steps(substeps, "substeps"), gains, loss)
+    return _loss_value(model, chunks, dt, method, positive_count(substeps, "substeps"), gains, loss)
 
 
 def _loss_value(model, chunks, dt, method, substeps, gains, loss, weights=None, ran=False):
@@ -288,8 +285,6 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     feedback ten times slower than the dynamics, so that it corrects the drift without
     adding its own truncation error. Concrete values only (call it outside `jit`).
     """
-    from .._tuning.stability import recommended_gains
-
     if not isinstance(model, ConstrainedHamiltonianNetwork):
         raise TypeError(f"network_gains needs a ConstrainedHamiltonianNetwork, got {type(model).__name__}")
     states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
@@ -301,8 +296,6 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
 
 
 def _as_chunks(data, dt, chunk_length):
-    from .data import Trajectories
-
     if isinstance(data, Trajectories):
         dt = data.dt if dt is None else dt
         return data.chunks(chunk_length), dt
@@ -313,20 +306,7 @@ def _as_chunks(data, dt, chunk_length):
         raise ValueError(
             f"data must be Trajectories or an array of trajectories (B, T, 2n), got shape {tuple(xs.shape)}"
         )
-    return _cut(xs, chunk_length), dt
-
-
-def _cut(xs, length: int):
-    """Non-overlapping chunks of `length` observations of each trajectory (B, T, 2n):
-    (B·⌊T/length⌋, length, 2n)."""
-    length = _steps(length, "chunk_length")
-    if length < 2:
-        raise ValueError(f"chunk_length must be at least 2 (a start and one predicted state), got {length}")
-    b, t, dim = xs.shape
-    per = t // length
-    if per == 0:
-        raise ValueError(f"trajectories of {t} observations are shorter than chunk_length={length}")
-    return xs[:, : per * length].reshape(b * per, length, dim)
+    return cut_chunks(xs, chunk_length), dt
 
 
 def default_optimizer(updates: int, learning_rate: float = 3e-3, weight_decay: float = 1e-4):
@@ -406,9 +386,9 @@ def train(
     if loss not in _LOSSES:
         raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
     _check_method(model, method)
-    substeps = _steps(substeps, "substeps")
-    epochs = _steps(epochs, "epochs")
-    batch_size = _steps(batch_size, "batch_size")
+    substeps = positive_count(substeps, "substeps")
+    epochs = positive_count(epochs, "epochs")
+    batch_size = positive_count(batch_size, "batch_size")
     chunks, dt = _as_chunks(data, dt, chunk_length)
     if chunks.shape[-1] != _state_dim(model):
         raise ValueError(f"the data's states have {chunks.shape[-1]} entries, the model's {_state_dim(model)}")
@@ -580,8 +560,6 @@ def rollout_error(
 
     ```
     """
-    from .data import Trajectories
-
     if isinstance(data, Trajectories):
         xs, dt = data.xs, (data.dt if dt is None else dt)
     else:
@@ -590,10 +568,10 @@ def rollout_error(
             raise TypeError("rollout_error needs dt= when the data are an array of trajectories")
     if xs.ndim != 3 or xs.shape[1] < 2:
         raise ValueError(f"trajectories must have shape (B, T + 1, 2n) with T ≥ 1, got {tuple(xs.shape)}")
-    steps = xs.shape[1] - 1 if steps is None else min(_steps(steps), xs.shape[1] - 1)
+    steps = xs.shape[1] - 1 if steps is None else min(positive_count(steps), xs.shape[1] - 1)
     xs = xs[:, : steps + 1]
     _check_method(model, method)
-    substeps = _steps(substeps, "substeps")
+    substeps = positive_count(substeps, "substeps")
     if method == "feedback" and gains is None:
         gains = network_gains(model, xs[:, 0], dt / substeps)
     predicted = _predicted(model, xs, dt, method, substeps, gains)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..internal.sparsity import Pattern, grouped
+from ..internal.sparsity import Pattern, grouped, jacobian_sparsity
 
 #: The smallest block: blocks below it run more sequential steps than their dense work saves.
 MIN_BLOCK = 16
@@ -107,8 +107,6 @@ class BlockPlan(eqx.Module):
         """The plan for the Jacobian of `fn: R^m → R^m` (a linear map: the map itself), from
         its structural pattern; None where the analysis cannot trace `fn`, the pattern is
         not square or has dense rows, or the band exceeds `max_block`."""
-        from ..internal.sparsity import jacobian_sparsity
-
         try:
             pattern = jacobian_sparsity(fn, m, dtype)
         except Exception:  # an analysis that cannot trace: no plan

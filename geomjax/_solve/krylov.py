@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..internal.sparsity import Pattern
+from ..internal.sparsity import Pattern, jacobian_sparsity
 from .newton import NewtonResult
 
 #: Relative tolerance of each PCG correction inside the chord iteration (the outer update
@@ -99,8 +99,6 @@ class GramPlan(eqx.Module):
     @classmethod
     def of(cls, linear, m: int, dtype=np.float64) -> "GramPlan | None":
         """The plan for the linear map `linear: R^m → R^m`, from its structural pattern."""
-        from ..internal.sparsity import jacobian_sparsity
-
         try:
             pattern = jacobian_sparsity(linear, m, dtype)
         except Exception:  # an analysis that cannot trace: no plan

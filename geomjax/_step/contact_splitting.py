@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._system.contact import merge_contact, split_contact
+from .._system.contact import check_flat_contact_state, merge_contact, split_contact
 from .base import AbstractStep, ok_status
 
 #: Yoshida (1990) solution A for order 6: w₁, w₂, w₃; w₀ = 1 − 2(w₁ + w₂ + w₃).
@@ -64,8 +64,6 @@ class ContactSplittingStep(AbstractStep):
         return merge_contact(z)
 
     def check(self, x0) -> None:
-        from .._system.contact import check_flat_contact_state
-
         check_flat_contact_state(x0, None, "geomjax.contact_splitting")
         jax.eval_shape(lambda x: self(x, 0.1), x0)
 

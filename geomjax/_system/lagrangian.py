@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from .._solve.newton import Newton
 from .._validate import _TRACE_ERRORS, trace_user_function
 from .legendre import check_regular, hessian_dependence, probe_point, solve_gradient
+from .structures import CanonicalStructure, canonical
+from .system import ConstrainedSystem, System
 from .velocity_constraints import AbstractVelocityConstraint, as_velocity_constraint
 
 
@@ -176,9 +178,6 @@ class LagrangianSystem(eqx.Module):
         have no Hamiltonian system type: they raise a `ValueError` (use
         `geomjax.forced_dla`, which takes both).
         """
-        from .structures import canonical
-        from .system import System
-
         if self.force is not None:
             raise ValueError(
                 "a LagrangianSystem with an external force has no Hamiltonian geomjax.System "
@@ -208,9 +207,6 @@ class LagrangianSystem(eqx.Module):
         along; second-class `constraints=f(x)` do not (they are not constraints on
         (q, v)) and raise.
         """
-        from .structures import CanonicalStructure
-        from .system import ConstrainedSystem, System
-
         if not isinstance(system, System) or not isinstance(system.structure, CanonicalStructure):
             raise ValueError("from_hamiltonian needs a geomjax.System on geomjax.canonical(n)")
         if isinstance(system, ConstrainedSystem):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from .nonholonomic import Derivation
 from .structures import AbstractPoissonStructure, CanonicalStructure
-from .._monitored import numbered
+from .._labels import numbered
 from .._validate import trace_user_function
 
 

@@ -17,10 +17,10 @@ from .._driver.grid import zipped
 from .._driver.sweep import sweep
 from .._step.methods import build_step
 from .._step.runge_kutta import ExplicitRungeKutta
-from .._field.adaptive_gain import scale_gains
+from .._field.feedback_terms import scale_gains
 from .._field.feedback import AbstractFeedbackField
 from .._validate import as_state
-from .stability import feedback_rate, stability_interval, without_feedback
+from .._stability.analysis import feedback_rate, stability_interval, without_feedback
 
 _KINDS = ("scalar", "vector", "matrix")
 _METRICS = (False, "diagonal", "full")

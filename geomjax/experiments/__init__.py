@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import ExperimentOptionError
+
 # One line per experiment module; importing a module registers its experiments.
 _MODULES = (
     "spherical_pendulum",
@@ -166,11 +168,6 @@ class UnknownExperimentError(KeyError):
 
     def __str__(self):  # KeyError would quote the message
         return self.args[0]
-
-
-class ExperimentOptionError(ValueError):
-    """Raised for an option an experiment does not accept, or a bad option value; the
-    message names the experiment and the options it accepts."""
 
 
 def get(name: str) -> Experiment:

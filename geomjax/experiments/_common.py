@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 from .._status import status_names
+from ._errors import ExperimentOptionError  # a ValueError the command reports as a usage error
 
 # --------------------------------------------------------------------------------------
 # Methods and timing
@@ -472,8 +473,6 @@ def format_table(
 def gains_like(default, gains):
     """`gains` (a tuple from the `--gains` option) shaped like `default`: one value is used
     for every gain; otherwise there must be as many values as `default` has entries."""
-    from . import ExperimentOptionError  # a ValueError the command reports as a usage error
-
     if gains is None:
         return default
     if np.ndim(default) == 0:

@@ -1,75 +1,18 @@
-"""Observed trajectories of chains of point masses, to learn from."""
-
-from collections.abc import Callable
+"""Trajectories of chains of point masses from random starts, integrated accurately."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import PRNGKeyArray
 
+from .._driver.integrate import integrate
 from .._field.dirac import dirac_field
 from .._step.methods import build_step
-from .._system.system import System
-from ..models._chain import _chain_state, planar_chain
-from ..models._spatial_chain import _spatial_chain_state, spatial_chain
-from .training import saved_run
+from ._chain import _chain_state, planar_chain
+from ._spatial_chain import _spatial_chain_state, spatial_chain
+from ._trajectories import Trajectories
 
 _OBSERVED = ("velocity", "momentum")
-
-
-class Trajectories(eqx.Module):
-    """Observed trajectories of a constrained mechanical system, sampled every `dt`.
-
-    **Fields:**
-
-    - `xs`: the observed states, shape `(B, T + 1, 2n)`: positions q and, after them,
-      velocities q̇ (`observed="velocity"`) or momenta p (`"momentum"`).
-    - `ts`: the observation times 0, dt, …, T·dt.
-    - `dt`: the observation interval.
-    - `constraints`: `q ↦ g(q)`, the system's holonomic constraints (what a
-      `ConstrainedHamiltonianNetwork` is told).
-    - `system`: the system that generated the data (its H and constraints, for
-      reference: the true energy of a rollout, say).
-    - `space_dim`: the dimension of the space the points move in (2 or 3 for chains).
-    - `observed`: `"velocity"` or `"momentum"`.
-    """
-
-    xs: Float[Array, "batch time dim"]
-    ts: Float[Array, " time"]
-    dt: float = eqx.field(static=True)
-    constraints: Callable
-    system: System
-    space_dim: int = eqx.field(static=True)
-    observed: str = eqx.field(static=True)
-
-    @property
-    def n(self) -> int:
-        """The number of configuration coordinates."""
-        return self.xs.shape[-1] // 2
-
-    def chunks(self, length: int) -> Float[Array, "chunks length dim"]:
-        """The trajectories cut into non-overlapping chunks of `length` observations:
-        shape `(B·⌊(T + 1)/length⌋, length, 2n)`, the training examples of `geomjax.train`.
-
-        Example:
-
-        ```python
-        >>> import jax, geomjax
-        >>> data = geomjax.chain_trajectories(1, 4, steps=4, key=jax.random.key(0))
-        >>> data.xs.shape, data.chunks(2).shape  # 5 observations: 2 chunks of 2 each
-        ((4, 5, 4), (8, 2, 4))
-
-        ```
-        """
-        from .training import _cut
-
-        return _cut(self.xs, length)
-
-    def split(self, count: int) -> tuple["Trajectories", "Trajectories"]:
-        """`(the first count trajectories, the others)`, e.g. a training and a test set."""
-        first = eqx.tree_at(lambda t: t.xs, self, self.xs[:count])
-        rest = eqx.tree_at(lambda t: t.xs, self, self.xs[count:])
-        return first, rest
 
 
 def chain_trajectories(
@@ -169,4 +112,6 @@ def _starts(params, n: int, count: int, space_dim: int, key):
 @eqx.filter_jit
 def _observed_runs(system, starts, dt, steps, substeps, method):
     step = build_step(method, dirac_field(system))
-    return jax.vmap(lambda x0: saved_run(step, x0, steps, dt, substeps))(starts)
+    run = lambda x0: integrate(step, x0, dt=dt / substeps, steps=steps * substeps, save_every=substeps,
+                               drift_tol=None).xs  # noqa: E731
+    return jax.vmap(run)(starts)

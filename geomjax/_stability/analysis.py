@@ -13,8 +13,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Float
 
-from .._field.adaptive_gain import scale_gains
 from .._field.feedback import AbstractFeedbackField
+from .._field.feedback_terms import feedback_rate_at, scale_gains
 from .._field.base import FunctionField
 from .._step.methods import build_step, method_order
 from .._validate import check_step_size, known
@@ -96,13 +96,6 @@ def stability_interval(method: str) -> float:
     return float(round(lo, 10))
 
 
-def _metric_value(field, x):
-    metric = field.metric
-    if metric is None:
-        return None
-    return metric(x) if callable(metric) else metric
-
-
 def feedback_rate(field, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     """λ_max(L∇²V)(x), the stiffest rate of the feedback term −L∇V at the flat state `x`.
 
@@ -122,7 +115,7 @@ def feedback_rate(field, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     ```
     """
     require_feedback(field, "feedback_rate")
-    return _feedback_rate(field, jnp.asarray(x))
+    return feedback_rate_at(field, jnp.asarray(x))
 
 
 def require_feedback(field, what: str) -> None:
@@ -134,25 +127,6 @@ def require_feedback(field, what: str) -> None:
             "check. Build the feedback field of the same system, or, for a plain explicit method, "
             "compare dt with geomjax.stability_interval(method)"
         )
-
-
-@eqx.filter_jit
-def _feedback_rate(field, x):
-    # Compiled (a Hessian of V op by op outside jit takes seconds); inlined under jit.
-    hess = jax.hessian(field.lyapunov)(x)
-    ell = _metric_value(field, x)
-    if ell is None:
-        return jnp.linalg.eigvalsh(hess)[-1]
-    if jnp.ndim(ell) == 0:
-        return ell * jnp.linalg.eigvalsh(hess)[-1]
-    # L∇²V is similar to L^½ ∇²V L^½ (L SPD): its eigenvalues are real.
-    root = _spd_sqrt(ell)
-    return jnp.linalg.eigvalsh(root @ hess @ root)[-1]
-
-
-def _spd_sqrt(ell):
-    w, v = jnp.linalg.eigh(ell)
-    return (v * jnp.sqrt(w)) @ v.T
 
 
 def without_feedback(field):

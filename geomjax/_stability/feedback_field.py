@@ -1,0 +1,168 @@
+"""`geomjax.feedback_field`: the feedback field of a system, with gains given or chosen
+for a step size (by the stability analysis of `geomjax._stability.analysis`)."""
+
+import warnings
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+from .._field.feedback import AbstractFeedbackField, holonomic_feedback_field
+from .._field.nonholonomic import nonholonomic_feedback_field
+from .._monitored import START_TOL
+from .._system.system import NonholonomicSystem, System
+from .._validate import check_tolerance, is_concrete
+from .analysis import recommended_field
+
+
+def feedback_field(
+    system: System,
+    x0: Float[ArrayLike, " n"] | None = None,
+    gains: Float[ArrayLike, "*k"] | None = None,
+    metric: Callable | jax.Array | float | None = None,
+    *,
+    target=None,
+    start_tol: float | None = START_TOL,
+    dt: float | None = None,
+    method: str = "euler",
+) -> AbstractFeedbackField:
+    """The feedback-integrator field Y = X − L∇V of Chang, Perlmutter and Vankerschaver (2022) §2.2.
+
+    With F = (f, H, I) (constraint functions, Hamiltonian, extra integrals, in that order),
+    F₀ = F(x₀) and a positive-definite K,
+
+    V(x) = ½ (F(x) − F₀)ᵀ K (F(x) − F₀),   ∇V = DFᵀ K (F − F₀),   Y = X − L∇V,
+
+    where X is the Dirac-extended field (`geomjax.dirac_field`), which keeps F constant, so
+    V⁻¹(0) is invariant and, with the feedback term, attracting: trajectories of any
+    off-the-shelf integrator are pulled back to the constraint set and the level set of
+    the integrals. With explicit Euler the feedback term is stiff: stability needs roughly
+    h·λ_max(L∇²V) < 2 (for Chang, Perlmutter and Vankerschaver's (2022) pendulum with k = 50 and h = 1e−3 this holds).
+
+    For a nonholonomic system (`System(..., nonholonomic=omega)`, Chang and Perlmutter (2019)) X is the
+    extended field `geomjax.nonholonomic_field(system)` and F = (J, H_ext, integrals) with
+    target J = 0. On an embedded group (`left_trivialised_so3/se2`), with or without
+    constraints, V also gets k₀/4‖D‖² (D = RᵀR − I or cos² + sin² − 1), k₀ being one
+    extra, last gain.
+
+    **Arguments:**
+
+    - `system`: a `geomjax.System`.
+    - `x0`: an initial state: F₀ = F(x0) when the field is called directly, and x0 is
+      checked (on the constraint set, C invertible). Optional. `geomjax.integrate` always
+      takes F₀ from the run's own initial state, so one field serves many initial states
+      (`jax.vmap` over x0 included). The constraint set is g = 0 with {g, H} = 0 for
+      `holonomic=g`, J = 0 for nonholonomic systems, the group for embedded structures;
+      for `constraints=f` it is the level set of f through x0, so every x0 is on it (pin
+      another level with `target=`).
+    - `gains`: K as a positive scalar (K = kI), a vector with one gain ≥ 0 per entry of F
+      (at least one positive; a zero leaves that quantity out of V, e.g. H when the
+      other integrals already fix it), or a symmetric positive-definite matrix. On an
+      embedded group: a scalar or a vector with one more entry, k₀, last.
+    - `metric`: L, the identity if `None`; or a positive scalar, an SPD `(dim, dim)` matrix,
+      or a callable `x ↦ L(x)` (checked at x0).
+    - `target`: pin F₀ to these values for every run (e.g. an energy level other than
+      the start's); the run is then pulled towards them.
+    - `start_tol`: the tolerance of the check that x0 is on the constraint set, as in
+      `geomjax.integrate` (largest residual ≤ `start_tol·(1 + max|x0|)`, default 1e-8);
+      `None` builds the field from an x0 off the set on purpose. F₀ = F(x0) then holds
+      a holonomic system on the level g = g(x0), not on g = 0 (give `target=` to pull it
+      onto the set); a nonholonomic J and an embedded group's defect are pulled to 0.
+
+    **Returns:**
+
+    A `FeedbackField`, callable `x ↦ Y(x)` on flat states; `.lyapunov(x)` gives V(x).
+
+    Inside `jit`: the field holds the system's Python functions, which `jax.jit` can
+    neither take as arguments nor return (JAX raises a TypeError naming the function's
+    path, before and after geomjax runs). Build the field inside the jitted function that
+    uses it (gains, x0 and parameters may be traced there), or jit the builder with
+    `equinox.filter_jit(geomjax.feedback_field)`, which treats the functions as static.
+
+    Example (Chang, Perlmutter and Vankerschaver (2022) §2.3, k₁..k₄ = 50):
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> Y = geomjax.feedback_field(model.system, model.x0, gains=50.0)
+    >>> sol = geomjax.integrate(Y, model.x0, dt=1e-3, steps=1000, method="euler")
+    >>> bool(sol.ok)
+    True
+
+    ```
+
+    Without gains, chosen for the step (h·λ_max(L∇²V) = 1 with Euler):
+
+    ```python
+    >>> import geomjax, warnings
+    >>> model = geomjax.models.spherical_pendulum()
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     Y = geomjax.feedback_field(model.system, model.x0, dt=1e-3)
+    >>> print(caught[0].message)
+    feedback_field: no gains given, chose K = 185.6 (all 4 entries of F) for dt = 0.001 with 'euler' (h·λ_max(L∇²V) = 1 at x0, stability bound 2; geomjax.recommended_gains); pass gains= to choose them yourself
+    >>> round(1e-3 * float(geomjax.feedback_rate(Y, model.x0)), 6)
+    1.0
+
+    ```
+    """
+    if not isinstance(system, System):
+        raise TypeError(f"feedback_field needs a geomjax.System, got {type(system).__name__}")
+    check_tolerance(start_tol, "start_tol", zero_ok=True, none_means="to build from off the constraint set on purpose")
+    if gains is None:
+        if dt is None:
+            raise TypeError(
+                "feedback_field needs the gains K, or the step size to choose them for: call "
+                "feedback_field(system, x0, gains=K) (K a positive scalar, one gain ≥ 0 per entry "
+                "of F, or an SPD matrix), or feedback_field(system, x0, dt=h, method='euler') to "
+                "have K chosen for that step by geomjax.recommended_gains"
+            )
+        unit = feedback_field(system, x0, 1.0, metric, target=target, start_tol=start_tol)
+        return _with_chosen_gains(unit, x0, dt, method)
+    if isinstance(system, NonholonomicSystem):
+        # F = (J, H_ext, integrals) on the extended nonholonomic field (Chang and Perlmutter (2019)).
+        return nonholonomic_feedback_field(system, x0, gains, metric, target=target, start_tol=start_tol)
+    return holonomic_feedback_field(system, x0, gains, metric, target, start_tol)
+
+
+class ChosenGainsWarning(UserWarning):
+    """`geomjax.feedback_field` chose the gains itself (from `dt`): the message says which."""
+
+    def __init__(self, message: str):  # a real signature (a built-in's has none)
+        super().__init__(message)
+
+
+def _with_chosen_gains(unit, x0, dt, method):
+    """`unit` (a feedback field with gains 1) with its gains scaled by the rule of
+    `geomjax.recommended_gains` for step `dt` and `method`, and a `ChosenGainsWarning`."""
+    traced = (
+        "feedback_field(system, x0, dt=h) chooses the gains from numbers it computes at x0 (λ_max(L∇²V), ‖DX‖), "
+        "which are traced here: x0, dt or a value the system's functions close over is a tracer (inside jit, grad "
+        "or vmap). Choose the gains outside the transformation, e.g. K = geomjax.recommended_gains(field, x0, dt, "
+        "method) for a concrete system, and pass gains=K (a gradient then treats K as fixed)"
+    )
+    if x0 is None:
+        raise ValueError("feedback_field(system, x0, dt=h) chooses the gains from the rates at x0: give x0, or gains=")
+    if not is_concrete((x0, dt)):
+        raise ValueError(traced)
+    try:
+        field, check = recommended_field(unit, x0, dt, method)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:  # a traced closed-over value
+        raise ValueError(traced) from err
+    k = np.asarray(field.gains)
+    shown = (
+        f"K = {k.flat[0]:.4g} (all {k.shape[0]} entries of F)"
+        if k.ndim == 1 and np.all(k == k.flat[0])
+        else f"K = {np.array2string(k, precision=4)}"
+    )
+    if getattr(field, "embedding_gain", None) is not None:
+        shown += f", k₀ = {float(field.embedding_gain):.4g}"
+    warnings.warn(
+        f"feedback_field: no gains given, chose {shown} for dt = {float(dt):.4g} with {method!r} "
+        f"(h·λ_max(L∇²V) = {float(dt) * check.feedback_rate * check.recommended_scale:.3g} at x0, "
+        f"stability bound {check.bound:.4g}; geomjax.recommended_gains); pass gains= to choose them yourself",
+        ChosenGainsWarning,
+        stacklevel=3,
+    )
+    return field
