@@ -22,7 +22,7 @@ from ._stability.analysis import (
 from ._tuning.tune import TuningResult as TuningResult, feedback_objective as feedback_objective, tune_gains as tune_gains
 from ._field.base import AbstractField as AbstractField, TimeField as TimeField
 from ._driver.integrate import integrate as integrate
-from ._learning.fit import FIT_RESULTS as FIT_RESULTS, FitError as FitError, FitResult as FitResult, fit as fit
+from ._tuning.fit import FIT_RESULTS as FIT_RESULTS, FitError as FitError, FitResult as FitResult, fit as fit
 from ._driver.sweep import sweep as sweep
 from ._driver.sweep_result import SweepResult as SweepResult
 from ._driver.grid import Grid as Grid, product as product, zipped as zipped

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
-from geomjax._learning.fit import FIT_RESULTS
+from geomjax._tuning.fit import FIT_RESULTS
 from geomjax._status import RESULTS, code_int, code_of, from_code, status_messages, status_names
 
 PRIVATE = re.compile(r"\._value\b|_name_to_item|_index_to_message")

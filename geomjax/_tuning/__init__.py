@@ -1,1 +1,1 @@
-"""Choosing feedback gains: stability bounds, rules of thumb, and gradient-based tuning."""
+"""Fitting to data and tuning by gradients: the parameters of a system to observed trajectories (`fit`), the gains of a feedback field to an objective of its runs (`tune_gains`)."""
