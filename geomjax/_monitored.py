@@ -43,7 +43,16 @@ def empty_like_state(x):
 
 
 class AbstractMonitored(eqx.Module):
-    """Base of fields and steps: flat state ↔ pieces, start checks, monitored quantities."""
+    """Base of fields and steps: flat state ↔ pieces, start checks, monitored quantities.
+
+    `simplify` (static, keyword-only, default True): evaluate what this field or step
+    derives through its simplified scalar graph (`geomjax.internal.simplify`); False
+    evaluates it as derived. Part of the compiled program's key like any static field:
+    the two never share a program. `geomjax.internal.simplify.unsimplified(target)`
+    turns it off for a target and everything it holds.
+    """
+
+    simplify: bool = eqx.field(static=True, default=True, kw_only=True)
 
     @abc.abstractmethod
     def split(self, x):
@@ -87,7 +96,8 @@ class AbstractMonitored(eqx.Module):
         save: evaluated through their simplified scalar graph (`geomjax.internal.simplify`),
         which turns their small dot products into scalar arithmetic (under `vmap` a batched
         `dot` of 3-vectors costs many times its arithmetic on the CPU)."""
-        return scalar_graph(lambda y: (self.invariants(y), self.constraint_residuals(y)), x, warn=False)
+        return scalar_graph(lambda y: (self.invariants(y), self.constraint_residuals(y)), x, warn=False,
+                            enabled=self.simplify)
 
 
 class AbstractSystemMonitored(AbstractMonitored):

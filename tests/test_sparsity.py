@@ -143,14 +143,13 @@ def test_looped_coloured_products_match_the_dense_path(rng, monkeypatch):
     assert not plan().looped
     monkeypatch.setattr(derived, "_LOOPED_PRODUCTS_MIN", 0)
     assert plan().looped
-    dirac = geomjax.dirac_field(model.system)
+    dirac = simplify.unsimplified(geomjax.dirac_field(model.system))  # as for large states: no scalar graph
     xs = model.x0 + 1e-2 * jnp.asarray(rng.normal(size=(2, *model.x0.shape)))
     tangent = jnp.asarray(rng.normal(size=model.x0.shape))
     both = lambda ys: (jax.vmap(dirac)(ys), jax.jvp(dirac, (ys[0],), (tangent,))[1])
-    with simplify.enabled(False):  # as for large states: no scalar graph, the loop itself
-        fast = jax.jit(both)(xs)
-        slow = _dense_reference(jax.jit(both), xs)
-        assert "scan" in str(jax.make_jaxpr(dirac)(xs[0]))
+    fast = jax.jit(both)(xs)
+    slow = _dense_reference(jax.jit(both), xs)
+    assert "scan" in str(jax.make_jaxpr(dirac)(xs[0]))  # the loop itself
     for a, b in zip(fast, slow):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(b))))
 

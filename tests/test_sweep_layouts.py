@@ -19,9 +19,13 @@ import geomjax
 from geomjax._driver import batched, loop_choice
 from geomjax._driver.batched import Rows
 from geomjax._driver.loop_choice import auto_loop
+from geomjax._driver.common import RunOptions
 from geomjax._driver.sweep import _one_step_profile, _sweep_chunk
+
 from geomjax._step.methods import build_step
 
+# two save blocks of four steps, unrolled 8, monitored (as a sweep runs a chunk)
+_RUN = RunOptions(save_every=4, blocks=2, checkpoint=True, unroll=8, start_tol=1e-6, drift_tol=1e-2, monitored=True)
 PENDULUM = geomjax.models.spherical_pendulum()
 HOLONOMIC = geomjax.models.spherical_pendulum(holonomic=True)
 KW = dict(dt=0.01, steps=12, save_every=4)
@@ -93,7 +97,7 @@ def test_the_component_layout_loops_carry_one_row_per_scalar(method):
     dt, t0 = jnp.float64(0.01), jnp.float64(0.0)
 
     def carried(layout):
-        chunk = lambda m: _sweep_chunk(feedback_member, m, dt, t0, None, method, False, layout, size, 2, 4, True, 1e-6, 1e-2, 8)
+        chunk = lambda m: _sweep_chunk(feedback_member, m, (dt, t0, None), (method, False, layout, size), _RUN)
         carries = _scan_carries(jax.make_jaxpr(chunk)(members).jaxpr, [])
         assert len(carries) >= 3
         return [a.shape for carry in carries for a in carry if jnp.issubdtype(a.dtype, jnp.floating)]
@@ -123,7 +127,7 @@ def test_the_rows_step_computes_on_rows_only():
     size = 5
     members = {"gain": jnp.linspace(1.0, 5.0, size)}
     dt, t0 = jnp.float64(0.01), jnp.float64(0.0)
-    chunk = lambda m: _sweep_chunk(feedback_member, m, dt, t0, None, "euler", False, "component", size, 2, 4, True, 1e-6, 1e-2, 8)
+    chunk = lambda m: _sweep_chunk(feedback_member, m, (dt, t0, None), ("euler", False, "component", size), _RUN)
     bodies = _scan_bodies(jax.make_jaxpr(chunk)(members).jaxpr, [])
     stepping = [b for b in bodies if any(e.primitive.name == "custom_jvp_call" for e in b.eqns)]
 

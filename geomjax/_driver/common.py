@@ -15,14 +15,12 @@ from jax import lax
 
 from .._monitored import AbstractMonitored
 from .._status import RESULTS, code_int, from_code
-from ..internal import simplify
 from .solution import FailureDetail, Solution
 
 
 @eqx.filter_jit
-def _compiled(program, options, simplified, *trees):
-    with simplify.enabled(simplified):
-        return program(*trees, *options)
+def _compiled(program, options, *trees):
+    return program(*trees, *options)
 
 
 def compiled_call(program, options: tuple, *trees):
@@ -31,11 +29,10 @@ def compiled_call(program, options: tuple, *trees):
     of `options` are traced, everything else (the program, functions, Python numbers)
     is static and part of JAX's cache key, so two closures are two programs. Works
     inside jit/vmap/grad; values a function closes over are traced by the enclosing
-    transformation, not baked in. Whether the scalar-graph simplification is on
-    (`geomjax.internal.simplify.is_enabled()`, read at trace time) is part of the key
-    too: a program compiled inside `simplify.enabled(False)` is never reused outside it.
+    transformation, not baked in. Whatever changes a trace is an argument: a field's or
+    step's static options (`simplify`) are part of its static structure, so of the key.
     """
-    return _compiled(program, options, simplify.is_enabled(), *trees)
+    return _compiled(program, options, *trees)
 
 
 class _StaticPart:
@@ -58,11 +55,10 @@ class _StaticPart:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _compiled_on(static: _StaticPart, dynamic, *arrays):
-    program, options, simplified, treedef, leaves = static.parts
+    program, options, treedef, leaves = static.parts
     it = iter(dynamic)
     obj = jax.tree_util.tree_unflatten(treedef, [next(it) if leaf is None else leaf for leaf in leaves])
-    with simplify.enabled(simplified):
-        return program(obj, *arrays, *options)
+    return program(obj, *arrays, *options)
 
 
 def compiled_call_on(program, options: tuple, obj, *arrays):
@@ -76,13 +72,12 @@ def compiled_call_on(program, options: tuple, obj, *arrays):
     memo = memo_of(obj) if at_top_level() and all(eqx.is_array(a) for a in arrays) else None
     if memo is None:
         return compiled_call(program, options, obj, *arrays)
-    simplified = simplify.is_enabled()
-    key = ("compiled", program, options, simplified)
+    key = ("compiled", program, options)
     found = memo.get(key)
     if found is None:
         leaves, treedef = jax.tree_util.tree_flatten(obj)
         dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
-        parts = (program, options, simplified, treedef,
+        parts = (program, options, treedef,
                  tuple(None if eqx.is_array(leaf) else leaf for leaf in leaves))
         try:
             static = _StaticPart(parts, hash(parts))
@@ -146,6 +141,27 @@ OK = code_int(RESULTS.successful)
 # one int64 array: XLA's CPU runtime runs a loop whose carry holds three or more separate
 # scalars several times slower (the spherical pendulum; benchmarks/loop_overhead.py).
 STEPS, FAILED_STEP, STATUS = 0, 1, 2
+
+
+class RunOptions(eqx.Module):
+    """How a fixed-step run goes: the options of the time-stepping loop, one value through
+    the driver, sweeps and the batched runs (static where they shape the program).
+
+    - `save_every`: steps per save block; `blocks`: save blocks in this compiled call.
+    - `checkpoint`: rematerialise each block's steps in reverse mode.
+    - `unroll`: steps per iteration of the fast loop (sweeps on a GPU).
+    - `start_tol`, `drift_tol`: the start check and the monitoring of the invariants
+      and constraints (None: off). Python numbers are static; arrays are traced.
+    - `monitored`: also return the monitored values at every save.
+    """
+
+    save_every: int = eqx.field(static=True, default=1)
+    blocks: int = eqx.field(static=True, default=1)
+    checkpoint: bool = eqx.field(static=True, default=True)
+    unroll: int = eqx.field(static=True, default=1)
+    start_tol: float | None = None
+    drift_tol: float | None = None
+    monitored: bool = eqx.field(static=True, default=False)
 
 
 class Monitor(eqx.Module):

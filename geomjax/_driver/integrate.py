@@ -46,6 +46,7 @@ from .._step.methods import build_step, method_builder
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
 from .batched import BatchedStep, vmap_keep_shared
 from .common import (
+    RunOptions,
     FAILED_STEP,
     OK,
     STATUS,
@@ -63,6 +64,7 @@ from .common import (
     solution_from_record,
 )
 from .flagged import flag_failed
+from .loop import checked_step
 from .solution import FailureDetail, Solution, raise_if_failed
 from .._status import RESULTS, code_int, code_of
 from .._step.base import AbstractStep, FunctionStep
@@ -81,39 +83,10 @@ def _exact_steps(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool)
     semantics of the loop (and what reverse- and forward-mode derivatives go through).
     """
 
-    def advance(t, z):
-        return step.advance(t, z, dt, args)
-
-    if checkpoint:
-        # Reverse mode keeps only the state before each step and recomputes the step in
-        # the backward loop. Saving the step's own residuals instead stacks one array per
-        # intermediate scalar of the field (hundreds for a simplified derived field), and
-        # the loops that write and read them run far slower than the step. The
-        # bookkeeping stays outside: its one saved flag per step is all the backward
-        # loop needs of it. (`prevent_cse=False`: inside a scan no barrier is needed.)
-        advance = jax.checkpoint(advance, prevent_cse=False)
+    one = checked_step(step, dt, t0, args, checkpoint)
 
     def one_step(c, _):
-        z, record, running = c
-        k = record[STEPS] + 1
-        t = t0 + (k - 1).astype(dt.dtype) * dt
-        z_next, result = advance(t, z)
-        code = jnp.asarray(code_of(result), jnp.int64)
-        finite = jnp.isfinite(step.state_sum(z_next))
-        step_ok = (code == OK) & finite
-        blow_up = jnp.where(k == 1, code_int(RESULTS.nonfinite_first_step), code_int(RESULTS.diverged))
-        code = jnp.where(code != OK, code, jnp.where(finite, OK, blow_up))
-        first = running & ~step_ok
-        record = jnp.stack(
-            [k, jnp.where(first, k, record[FAILED_STEP]), jnp.where(first, code, record[STATUS])]
-        )
-        # After a failure the state stays at the last good one: no NaN enters the carry,
-        # and the next steps are evaluated at a finite state (finite, zero derivatives).
-        # Whether the run is still going rides in the carry as a boolean of its own: read
-        # off the integer status instead, it makes XLA's CPU runtime run the forward half
-        # of reverse mode many times slower (benchmarks/gradients.py).
-        running_next = running & step_ok
-        return (step.state_select(running_next, z_next, z), record, running_next), None
+        return one(c), None
 
     def run(z, record):
         init = (z, record, record[STATUS] == OK)
@@ -284,11 +257,12 @@ def _fast_steps(step: AbstractStep, dt, t0, args, block: int):
     return run
 
 
-def _fast_steps_unrolled(step: AbstractStep, dt, t0, args, block: int, exact, unroll: int):
+def _fast_steps_unrolled(step: AbstractStep, times, block: int, exact, unroll: int):
     """`_fast_steps` for a loop that takes `unroll` steps per iteration (sweeps on a GPU):
     the block in one `lax.scan`, and where it failed, recomputed by `exact` (the checked
     loop, a second copy of the step) from its start, in a `while_loop` that runs at most
     once."""
+    dt, t0, args = times
 
     def finite_mark(z):
         return 0.0 * step.state_sum(z)
@@ -338,7 +312,7 @@ def _dynamic_leaves(tree):
     return [leaf for leaf, d in zip(leaves, is_dyn) if d], rebuild
 
 
-def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, unroll: int = 1):
+def _block_map(step: AbstractStep, times, block: int, run: RunOptions):
     """`(z, record) ↦ (z, record)` over one save block: the fast loop for the values, the
     exact per-step loop for derivatives (a `custom_jvp`: reverse mode transposes the
     exact loop's JVP, so a failed block differentiates as the frozen, shorter run).
@@ -346,6 +320,8 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
     Blocks of one or two steps run the exact loop alone: there the fast loop's block-level
     check costs more than the per-step bookkeeping it saves (measured, `save_every=1`).
     """
+    dt, t0, args = times
+    checkpoint, unroll = run.checkpoint, run.unroll
     if block <= 2:
         return _exact_steps(step, dt, t0, args, block, checkpoint)
     dyn, rebuild = _dynamic_leaves((step, dt, t0, args))
@@ -363,7 +339,7 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
         if unroll == 1:
             return _fast_steps(s, h, t, a, block)(z, record)
         exact = _exact_steps(s, h, t, a, block, False)
-        return _fast_steps_unrolled(s.fast_variant(), h, t, a, block, exact, unroll)(z, record)
+        return _fast_steps_unrolled(s.fast_variant(), (h, t, a), block, exact, unroll)(z, record)
 
     # Values from the fast loop, derivatives from the exact one, with respect to the
     # explicit inputs and to whatever the user's functions close over (a parameter traced
@@ -372,22 +348,19 @@ def _block_map(step: AbstractStep, dt, t0, args, block: int, checkpoint: bool, u
     return lambda z, record: run(dyn, z, record)
 
 
-def _scan_blocks(
-    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1,
-    monitored: bool = False,
-):
-    """Run `n_blocks × block` steps; save the flat state after every block.
+def _scan_blocks(step: AbstractStep, carry, times, monitor: Monitor, run: RunOptions):
+    """Run `run.blocks × run.save_every` steps; save the flat state after every block.
 
     `carry` is `(z, record)` with `record = (steps taken, first failed step or −1, status)`.
-    With `monitored`, each save is `(x, invariants, residuals)`: the values the drift
+    `times` is `(dt, t0, args)`. With `run.monitored`, each save is `(x, invariants, residuals)`: the values the drift
     check computed there (NaN after a failure, as the states).
     """
-    if block <= 2 and step.fast_variant() is not step:
-        return _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
-    return _scan_blocks_of(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
+    if run.save_every <= 2 and step.fast_variant() is not step:
+        return _fast_variant_then_step(step, carry, times, monitor, run)
+    return _scan_blocks_of(step, carry, times, monitor, run)
 
 
-def _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored):
+def _fast_variant_then_step(step, carry, times, monitor, run: RunOptions):
     """`_scan_blocks_of(step, ...)` for blocks of one or two steps (run by the checked loop
     alone) of a step with a cheaper `fast_variant` (an implicit step whose Newton fallback,
     present in a loop even where it never runs, slows the whole loop several times on the
@@ -395,15 +368,15 @@ def _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block,
     some member failed) again with `step` from the start, its results taken for the runs
     that failed. Values are `step`'s wherever they differ, and derivatives are those of
     the run with `step` (`custom_jvp_by_reference`)."""
-    dyn, rebuild = _dynamic_leaves((step, dt, t0, args, monitor))
+    dyn, rebuild = _dynamic_leaves((step, times, monitor))
 
     def reference(dyn, carry):
-        s, h, t, a, m = rebuild(dyn)
-        return _scan_blocks_of(s, carry, h, t, a, m, n_blocks, block, checkpoint, unroll, monitored)
+        s, ts, m = rebuild(dyn)
+        return _scan_blocks_of(s, carry, ts, m, run)
 
     def value(dyn, carry):
-        s, h, t, a, m = rebuild(dyn)
-        fast = _scan_blocks_of(s.fast_variant(), carry, h, t, a, m, n_blocks, block, False, unroll, monitored)
+        s, ts, m = rebuild(dyn)
+        fast = _scan_blocks_of(s.fast_variant(), carry, ts, m, dataclasses.replace(run, checkpoint=False))
         failed = fast[0][1][STATUS] != OK
 
         def again(c):
@@ -422,24 +395,21 @@ def _fast_variant_then_step(step, carry, dt, t0, args, monitor, n_blocks, block,
     return custom_jvp_by_reference(value, reference)(dyn, carry)
 
 
-def _scan_blocks_of(
-    step: AbstractStep, carry, dt, t0, args, monitor: Monitor, n_blocks: int, block: int, checkpoint: bool, unroll: int = 1,
-    monitored: bool = False,
-):
+def _scan_blocks_of(step: AbstractStep, carry, times, monitor: Monitor, run: RunOptions):
     """`_scan_blocks` with `step` throughout."""
-    block_map = _block_map(step, dt, t0, args, block, checkpoint, unroll)
+    block_map = _block_map(step, times, run.save_every, run)
 
     def run_block(c):
         return block_map(*c)
 
-    if checkpoint and n_blocks > 1:
+    if run.checkpoint and run.blocks > 1:
         # Memory: the carries of one block at a time, plus one per block.
         run_block = jax.checkpoint(run_block, prevent_cse=False)
 
     def outer(c, _):
-        return _save(step, monitor, run_block(c), monitored)
+        return _save(step, monitor, run_block(c), run.monitored)
 
-    return lax.scan(outer, carry, None, length=n_blocks)
+    return lax.scan(outer, carry, None, length=run.blocks)
 
 
 def _save(step: AbstractStep, monitor: Monitor, carry, monitored: bool = False):
@@ -495,38 +465,38 @@ def _progress_bar(total: int, progress):
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
-def _assemble(x0, pieces, record, dt, t0, n_blocks: int, block: int):
+def _assemble(x0, pieces, record, dt, t0, run: RunOptions):
     xs = jnp.concatenate([x0[None, :]] + list(pieces), axis=0)
-    counts = jnp.arange(n_blocks + 1, dtype=x0.dtype).reshape((-1,) + (1,) * jnp.ndim(dt))
-    ts = t0 + dt * block * counts  # (saves,), or (saves, members) for a batch of step sizes
+    counts = jnp.arange(run.blocks + 1, dtype=x0.dtype).reshape((-1,) + (1,) * jnp.ndim(dt))
+    ts = t0 + dt * run.save_every * counts  # (saves,), or (saves, members) for a batch of step sizes
     return solution_from_record(ts, xs, record, dt, t0)
 
 
-def _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll=1, monitored=False):
+def _whole_run(step, x0, dt, t0, args, run: RunOptions):
     """Start check, loop, saves and status of a run in one compiled program. With
-    `monitored`: `(solution, invariants, residuals)`, the monitored values at every save
-    (the start included)."""
-    step, carry, monitor = begin(step, x0, dt, start_tol, drift_tol, t0, args)
-    carry, xs = _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll, monitored)
-    if monitored:
+    `run.monitored`: `(solution, invariants, residuals)`, the monitored values at every
+    save (the start included)."""
+    step, carry, monitor = begin(step, x0, dt, run.start_tol, run.drift_tol, t0, args)
+    carry, xs = _scan_blocks(step, carry, (dt, t0, args), monitor, run)
+    if run.monitored:
         xs, inv, res = xs
         inv0, res0 = step.monitored(x0)  # as the start check computed them (XLA shares them)
-        sol = _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
+        sol = _assemble(x0, [xs], carry[1], dt, t0, run)
         return sol, jnp.concatenate([inv0[None], inv]), jnp.concatenate([res0[None], res])
-    return _assemble(x0, [xs], carry[1], dt, t0, n_blocks, block)
+    return _assemble(x0, [xs], carry[1], dt, t0, run)
 
 
-def _begin_run(step, x0, dt, t0, args, start_tol, drift_tol):
-    return begin(step, x0, dt, start_tol, drift_tol, t0, args)
+def _begin_run(step, x0, dt, t0, args, run: RunOptions):
+    return begin(step, x0, dt, run.start_tol, run.drift_tol, t0, args)
 
 
-def _chunk(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll=1):
-    return _scan_blocks(step, carry, dt, t0, args, monitor, n_blocks, block, checkpoint, unroll)
+def _chunk(step, carry, times, monitor, run: RunOptions):
+    return _scan_blocks(step, carry, times, monitor, run)
 
 
-def _block_part(step, carry, dt, t0, args, n, checkpoint, unroll=1):
+def _block_part(step, carry, times, n, run: RunOptions):
     """`n` steps of a save block that runs in parts: the loop of `_block_map`, no save."""
-    return _block_map(step, dt, t0, args, n, checkpoint, unroll)(*carry)
+    return _block_map(step, times, n, run)(*carry)
 
 
 def _save_point(step, carry, monitor):
@@ -535,17 +505,21 @@ def _save_point(step, carry, monitor):
     return carry, x[None]
 
 
-def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol, unroll=1):
+def _run_fixed(step, x0, dt, t0, args, steps, *, run: RunOptions, progress=False):
+    """A fixed-step run of `steps` steps (`run.save_every` a save; `run.blocks` is set
+    here), in one compiled program, or outside jit in compiled chunks of at most
+    `_CHUNK_STEPS` steps."""
+    save_every = run.save_every
     n_blocks = steps // save_every
+    run = dataclasses.replace(run, blocks=n_blocks)
     # (At the top level nothing is traced: no need to look through the step's leaves.)
     concrete = at_top_level() or is_concrete((x0, dt, t0, args, step))
     if not concrete or runs_whole(n_blocks, save_every, progress):
         bar = _progress_bar(steps, progress) if (progress and concrete) else None
-        options = (n_blocks, save_every, checkpoint, start_tol, drift_tol, unroll)
         if args is None:
-            sol = compiled_call_on(_whole_run, (None, *options), step, x0, dt, t0)
+            sol = compiled_call_on(_whole_run, (None, run), step, x0, dt, t0)
         else:
-            sol = compiled_call(_whole_run, options, step, x0, dt, t0, args)
+            sol = compiled_call(_whole_run, (run,), step, x0, dt, t0, args)
         if bar is not None:
             bar.update(steps)
             bar.close()
@@ -554,26 +528,27 @@ def _run_fixed(step, x0, dt, t0, args, steps, save_every, checkpoint, progress, 
     # save blocks, or the parts of a longer block and then its save), so that Ctrl-C and
     # the progress bar act between them. The results are those of one call: the steps,
     # their times (from the step count in the carry) and the checks are the same.
-    step, carry, monitor = compiled_call(_begin_run, (start_tol, drift_tol), step, x0, dt, t0, args)
+    step, carry, monitor = compiled_call(_begin_run, (run,), step, x0, dt, t0, args)
     bar = _progress_bar(steps, progress) if progress else None
     pieces = []
+    times = (dt, t0, args)
     if save_every > _CHUNK_STEPS:
         for _ in range(n_blocks):
             for n in _parts(save_every):
-                carry = compiled_call(_block_part, (n, checkpoint, unroll), step, carry, dt, t0, args)
+                carry = compiled_call(_block_part, (n, run), step, carry, times)
                 if bar is not None:
                     bar.update(n)
             carry, x = compiled_call(_save_point, (), step, carry, monitor)
             pieces.append(x)
     else:
         for n in _chunks(n_blocks, save_every, progress):
-            carry, xs = compiled_call(_chunk, (n, save_every, checkpoint, unroll), step, carry, dt, t0, args, monitor)
+            carry, xs = compiled_call(_chunk, (dataclasses.replace(run, blocks=n),), step, carry, times, monitor)
             pieces.append(xs)
             if bar is not None:
                 bar.update(n * save_every)
     if bar is not None:
         bar.close()
-    return compiled_call(_assemble, (n_blocks, save_every), x0, pieces, carry[1], dt, t0)
+    return compiled_call(_assemble, (run,), x0, pieces, carry[1], dt, t0)
 
 
 def _target(field_or_step, method):
@@ -744,7 +719,8 @@ def _with_linear_cause(sol: Solution, step, dt, t0, args, save_every: int) -> So
     x = sol.xs[save]
     dt, t0 = jnp.asarray(dt, x.dtype), jnp.asarray(t0, x.dtype)
     if before > 0:
-        x = _run_fixed(step, x, dt, t0 + save * save_every * dt, args, before, before, True, False, None, None).xs[-1]
+        lean = RunOptions(save_every=before, start_tol=None, drift_tol=None)
+        x = _run_fixed(step, x, dt, t0 + save * save_every * dt, args, before, run=lean).xs[-1]
     report = eqx.filter_jit(diagnose)(x, dt)
     if report is None:
         return sol
@@ -1032,11 +1008,13 @@ def integrate(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
             target = _step_for(method, target)
-        run = (target, x0, dt, t0, args, steps, save_every, checkpoint, progress, start_tol, drift_tol)
-        sol = _explained(target, x0, _run_fixed(*run), save_every, drift_tol, note)
+        run = RunOptions(save_every=save_every, checkpoint=checkpoint, start_tol=start_tol, drift_tol=drift_tol)
+        sol = _explained(target, x0, _run_fixed(target, x0, dt, t0, args, steps, run=run, progress=progress),
+                         save_every, drift_tol, note)
         if accuracy_tol is not None:
             # The same run at dt/2: the same saves, twice the steps between them.
-            half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, 2 * save_every, *run[7:])
+            half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, run=dataclasses.replace(run, save_every=2 * save_every),
+                              progress=progress)
             sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
         if field is not None:
             sol = _with_gain_cause(sol, field, x0, dt, method)

@@ -7,6 +7,7 @@ same checks, one status per member. Members are processed in chunks that fit in 
 each chunk split over the given devices.
 """
 
+import dataclasses
 import inspect
 import math
 import warnings
@@ -20,7 +21,7 @@ from .._monitored import DRIFT_TOL, START_TOL
 from .._step.methods import build_step
 from .._validate import as_state, check_call_args, check_positive_step, check_run_options, is_concrete
 from .batched import batch_members, holds_member_values, reachable_tracers
-from .common import begin, compiled_call, nan_max
+from .common import RunOptions, begin, compiled_call, nan_max
 from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, default_method, runs_whole
 from .loop_choice import auto_loop, step_profile
@@ -171,14 +172,15 @@ class _ClosesOverMember(Exception):
     swept parameter): they cannot leave the `vmap` that built them."""
 
 
-def _runs_in_vmap(build, members, dt, t0, args, method, is_step, n_blocks, block, checkpoint, start_tol, drift_tol, unroll):
+def _runs_in_vmap(build, members, times, making, run: RunOptions):
     """Each member built and run inside one `vmap` (batch-major): what works when `build`
-    closes over the member's values. Returns `(ts, outputs)` as `_chunk_outputs`."""
-    make = _maker(build, method, is_step)
+    closes over the member's values. `times` is `(dt, t0, args)`, `making` `(method,
+    is_step)`, `run` monitored. Returns `(ts, outputs)` as `_chunk_outputs`."""
+    make = _maker(build, *making)
 
     def one(member):
         target, x0 = make(member)
-        sol, inv, res = _whole_run(target, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
+        sol, inv, res = _whole_run(target, x0, *times, run)
         return sol, _relative_errors(inv, res)
 
     sol, (inv_err, res_err) = jax.vmap(one)(members)
@@ -195,13 +197,12 @@ def _chunk_outputs(step, sol, monitored=None):
     return first(sol.xs, 2), sol.status, sol.failed_step, sol.num_steps, first(inv_err, 2), first(res_err, 1)
 
 
-def _sweep_chunk(
-    build, members, dt, t0, args, method, is_step, layout, size, n_blocks, block, checkpoint, start_tol, drift_tol,
-    unroll, grid_shape=None,
-):
-    """One chunk in one compiled program: members built, run, checked and laid out."""
-    step, x0 = _batch(build, members, method, is_step, layout, size)
-    sol, *monitored = _whole_run(step, x0, dt, t0, args, n_blocks, block, checkpoint, start_tol, drift_tol, unroll, True)
+def _sweep_chunk(build, members, times, making, run: RunOptions, grid_shape=None):
+    """One chunk in one compiled program: members built (`making` = `(method, is_step,
+    layout, size)`), run (`times` = `(dt, t0, args)`, `run` monitored), checked and laid
+    out."""
+    step, x0 = _batch(build, members, *making)
+    sol, *monitored = _whole_run(step, x0, *times, run)
     outputs = _chunk_outputs(step, sol, monitored)
     if grid_shape is not None:  # the chunk is the whole grid: shaped like it here, not after
         outputs = tuple(a.reshape(grid_shape + a.shape[1:]) for a in outputs)
@@ -383,6 +384,8 @@ def sweep(
     kind = (build, method, layout, unroll, platform, jax.tree_util.tree_structure(args))
     is_step, labels, (layout, unroll), method = _probe(probe, first, kind)
     pieces = []
+    run = RunOptions(save_every=save_every, checkpoint=checkpoint, unroll=unroll, start_tol=start_tol, drift_tol=drift_tol)
+    monitored = dataclasses.replace(run, blocks=steps // save_every, monitored=True)
     starts = list(range(0, grid.size, chunk_size))
     for c, start in enumerate(starts):
         index = np.arange(start, start + chunk_size)
@@ -395,13 +398,12 @@ def sweep(
             if _known(_CLOSES_OVER_MEMBER, kind):
                 raise _ClosesOverMember
             if _in_one_program(steps, save_every, progress, (members, dt, t0, args)):
-                options = (method, is_step, layout, chunk_size, steps // save_every, save_every, checkpoint)
                 whole = grid.shape if chunk_size == grid.size and n_devices == 1 else None
-                options += (start_tol, drift_tol, unroll, whole)
-                ts, piece = compiled_call(_sweep_chunk, options, build, members, dt, t0, args)
+                making = (method, is_step, layout, chunk_size)
+                ts, piece = compiled_call(_sweep_chunk, (making, monitored, whole), build, members, (dt, t0, args))
             else:  # a long run or a progress bar: the driver's chunks of steps
                 batched, x0 = compiled_call(_batch, (method, is_step, layout, chunk_size), build, members)
-                sol = _run_fixed(batched, x0, dt, t0, args, steps, save_every, checkpoint, label, start_tol, drift_tol, unroll)
+                sol = _run_fixed(batched, x0, dt, t0, args, steps, run=run, progress=label)
                 ts, piece = sol.ts, compiled_call(_chunk_outputs, (), batched, sol)
         except _ClosesOverMember:
             _remember(_CLOSES_OVER_MEMBER, kind)
@@ -414,8 +416,7 @@ def sweep(
                     "jax.tree_util.Partial(f, value) or a field of an equinox Module",
                     stacklevel=2,
                 )
-            options = (method, is_step, steps // save_every, save_every, checkpoint, start_tol, drift_tol, unroll)
-            ts, piece = compiled_call(_runs_in_vmap, options, build, members, dt, t0, args)
+            ts, piece = compiled_call(_runs_in_vmap, ((method, is_step), monitored), build, members, (dt, t0, args))
         pieces.append(_gathered(piece))
     return SweepResult._from_chunks(
         grid, pieces, ts, steps=steps, save_every=save_every, dt=dt, t0=t0, method=method,

@@ -47,7 +47,7 @@ class SystemField(AbstractSystemMonitored, AbstractField):
 
     def rhs(self, t, z, args):
         del t, args
-        return scalar_graph(self.vector, z)
+        return scalar_graph(self.vector, z, enabled=self.simplify)
 
     def split(self, x):
         return self.system.structure.split(x)

@@ -32,8 +32,9 @@ class ContactField(AbstractField):
     def rhs(self, t, z, args):
         del args
         if self.system.time_dependent:
-            return scalar_graph(lambda zz, tt: self.system.vector_field(*zz, tt), z, jnp.asarray(t, z[0].dtype))
-        return scalar_graph(lambda zz: self.system.vector_field(*zz), z)
+            return scalar_graph(lambda zz, tt: self.system.vector_field(*zz, tt), z, jnp.asarray(t, z[0].dtype),
+                                enabled=self.simplify)
+        return scalar_graph(lambda zz: self.system.vector_field(*zz), z, enabled=self.simplify)
 
     def check(self, x0) -> None:
         try:

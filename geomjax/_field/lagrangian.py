@@ -59,7 +59,7 @@ class LagrangeDAlembertField(AbstractField):
             q, v = zz
             return v, self.accelerations(q, v, tt)[0]
 
-        return scalar_graph(field, z, jnp.asarray(t, z[0].dtype))
+        return scalar_graph(field, z, jnp.asarray(t, z[0].dtype), enabled=self.simplify)
 
     def constraint_residuals(self, x):
         q, v = self.split(x)

@@ -131,7 +131,8 @@ class ConstrainedHamiltonianNetwork(eqx.Module):
     geomjax yourself, the pass leaves a network unsimplified once its traced weights and
     the state exceed `geomjax.internal.simplify.MAX_INPUTS` scalars; a smaller network is
     expanded (slower to compile: a width-4 network's training 16.4 s against 5.4 s), which
-    `with geomjax.internal.simplify.enabled(False): ...` avoids.
+    building the field or step with `simplify=False` avoids (or
+    `geomjax.internal.simplify.unsimplified(field)`).
 
     **Arguments:**
 

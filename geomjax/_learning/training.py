@@ -21,11 +21,11 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._driver.loop import saved_states
 from .._field.base import as_field
 from .._field.dirac import dirac_field
 from .._stability.analysis import recommended_gains
 from .._stability.feedback_field import feedback_field
-from .._status import RESULTS
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
 from ..internal import simplify
@@ -88,37 +88,7 @@ def _canonical_run(model, x0, steps: int, dt, method: str, substeps: int, gains)
     that weights and state stay within `simplify.MAX_INPUTS` would be expanded weight by
     weight (a width-4 pendulum network's training compiled in 16.4 s with the pass, 5.4 s
     without), and wider ones are past the limit and run unsimplified anyway."""
-    with simplify.enabled(False):
-        return saved_run(_step(model, x0, method, gains), x0, steps, dt, substeps)
-
-
-def saved_run(step, x0, steps: int, dt, substeps: int = 1):
-    """`step` (a geomjax step) from the flat `x0`: the states at t = 0, dt, …, steps·dt,
-    taking `substeps` steps of dt/substeps between saves, shape (steps + 1, dim).
-
-    One `lax.scan` on the state's pieces. A step that fails (a non-finite state, a Newton
-    solve that did not converge) makes that save and every later one NaN. Leaner than
-    `geomjax.integrate` (no start check, drift monitoring or failure report): a training
-    step through it compiled and ran about 2× faster."""
-    h = jnp.asarray(dt / substeps, x0.dtype)
-
-    def one(carry, _):
-        z, ok = carry
-        z, status = step.advance(0.0, z, h, None)
-        return (z, ok & (status == RESULTS.successful)), None
-
-    def advance(carry, _):
-        if substeps == 1:
-            carry, _ = one(carry, None)
-        else:
-            carry, _ = jax.lax.scan(one, carry, None, length=substeps)
-        z, ok = carry
-        ok = ok & jnp.isfinite(step.state_sum(z))
-        return (z, ok), (step.merge(z), ok)
-
-    _, (xs, ok) = jax.lax.scan(advance, (step.split(x0), jnp.asarray(True)), None, length=steps)
-    xs = jnp.where(ok[:, None], xs, jnp.nan)
-    return jnp.concatenate([x0[None], xs])
+    return saved_states(simplify.unsimplified(_step(model, x0, method, gains)), x0, steps, dt, substeps)
 
 
 def _maps(model):
@@ -290,9 +260,8 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     states = jnp.atleast_2d(jnp.asarray(states, jnp.float64))
     to_canonical, _ = model.canonical_maps()
     canonical_states = jax.vmap(to_canonical)(states)
-    with simplify.enabled(False):  # as in rollouts (`_canonical_run`)
-        unit = feedback_field(model.system(), canonical_states[0], 1.0, start_tol=None)
-        return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))
+    unit = simplify.unsimplified(feedback_field(model.system(), canonical_states[0], 1.0, start_tol=None))
+    return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))  # as in rollouts
 
 
 def _as_chunks(data, dt, chunk_length):

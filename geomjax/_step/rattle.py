@@ -366,7 +366,7 @@ class Rattle(SystemStep):
             return self._advance_reusing(z, jnp.asarray(h, z[1].dtype))
         k = jax.eval_shape(lambda q: self._mech.g(q), z[0]).shape[0]
         if k <= _SIMPLIFIED_CONSTRAINTS:
-            return scalar_graph(self._advance, z, h)
+            return scalar_graph(self._advance, z, h, enabled=self.simplify)
         return self._advance(z, h)
 
     def _advance_reusing(self, z, h):

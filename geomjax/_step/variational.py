@@ -157,6 +157,7 @@ def _discrete_solve(
     constraint: AbstractVelocityConstraint | None,
     constraint_rule: Rule | None,
     newton: Newton,
+    simplify: bool = True,
 ):
     """One step (q₀, p₀, z₀) ↦ (q₁, p₁, z₁) of the discrete variational equations; also
     returns whether the Newton solve converged (`None` when linear solves gave the root)."""
@@ -177,7 +178,7 @@ def _discrete_solve(
 
         # No convergence to report: a singular matrix makes the state non-finite, which
         # the driver reports (nonfinite_first_step / diverged) from its own check.
-        return scalar_graph(step, q0, p0, z0, t0, h), None
+        return scalar_graph(step, q0, p0, z0, t0, h, enabled=simplify), None
     v_guess = _velocity_guess(discrete.lagrangian_qvz, q0, p0, z0)
     parts = [v_guess]
     if equations.implicit_z:
@@ -291,6 +292,7 @@ class HerglotzStep(_VariationalStep):
             constraint=self.constraint,
             constraint_rule=self.constraint_rule,
             newton=self.newton,
+            simplify=self.simplify,
         )
         return out, _status(converged)
 
@@ -336,6 +338,7 @@ class ForcedDLAStep(_VariationalStep):
             constraint=self.constraint,
             constraint_rule=self.constraint_rule,
             newton=self.newton,
+            simplify=self.simplify,
         )
         return (q1, p1), _status(converged)
 

@@ -5,31 +5,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
-from jax import lax
 
-from .._status import RESULTS, where_first
+from .._driver.common import STATUS
+from .._driver.loop import final_state as final_state_loop
+from .._status import RESULTS, from_code
 from .._step.base import AbstractStep, FunctionStep
 from .._validate import as_state
 
 
 @eqx.filter_jit
-def _iterate(step: AbstractStep, x0, h, n):
-    def body(i, carry):
-        z, status = carry
-        z1, st = step.advance(i * h, z, h, None)
-        return z1, where_first(status, st)
-
-    z0 = step.start(jnp.zeros((), h.dtype), step.split(x0), h, None)
-    z, status = lax.fori_loop(0, n, body, (z0, RESULTS.successful))
-    return step.merge(z), status
+def _final_state(step: AbstractStep, x0, h, n):
+    x, record = final_state_loop(step, x0, h, n)
+    return x, from_code(record[STATUS])
 
 
 def final_state(step, x0: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""], n: int):
     """Apply a step `n` times with step size `h`: returns `(x_n, status)`.
 
     The number of steps is a traced argument, so every (h, n) reuses one compilation per
-    step: convergence studies over many step sizes compile once. `status` is the first
-    non-success status met (`RESULTS.successful` if none). Differentiable in forward mode (`jax.jvp`,
+    step: convergence studies over many step sizes compile once. The loop is the one of
+    `geomjax.integrate` (each step checked: its status and a finite state), without its
+    start check and monitoring: `status` is the first failure met (`RESULTS.successful`
+    if none), and after it `x_n` is the last good state. Differentiable in forward mode (`jax.jvp`,
     `jax.jacfwd`) in `x0`, `h` and the step's parameters; a loop with a traced length has no
     reverse mode, so for `jax.grad` use `geomjax.integrate` (a `lax.scan`).
 
@@ -56,7 +53,7 @@ def final_state(step, x0: Float[ArrayLike, " dim"], h: Float[ArrayLike, ""], n: 
     if not isinstance(step, AbstractStep):
         step = FunctionStep(step)
     x0 = as_state(x0, step.dim)
-    return _iterate(step, x0, jnp.asarray(h, x0.dtype), jnp.asarray(n, jnp.int32))
+    return _final_state(step, x0, jnp.asarray(h, x0.dtype), jnp.asarray(n, jnp.int32))
 
 
 def global_errors(

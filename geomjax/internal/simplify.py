@@ -78,16 +78,16 @@ and compile time grows faster than the savings; `benchmarks/simplify_threshold.p
 measures where); so is a dense linear solve on the state past `small_solve`'s size. A
 function holding an operation with side effects, an operation kept whole that closes over
 a traced value, or whose expansion fails is also evaluated unchanged, and a warning names
-the reason once per function: it runs unsimplified, and so slower. `enabled(False)` turns the pass off.
+the reason once per function: it runs unsimplified, and so slower. A field's or step's
+static option `simplify=False` (`unsimplified(target)`) turns the pass off for it.
 
 Expanded graphs are cached by the structure of the traced jaxpr, the values of its
 concrete constants and the shapes of its traced inputs, so the several traces of a field
 in one integrator step (the four stages of RK4) and later traces reuse one expansion.
 """
 
-import contextlib
+import dataclasses
 import hashlib
-import threading
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -115,28 +115,50 @@ MAX_OPERATIONS = 2_000
 # Expanded graphs kept (least recently used dropped first).
 CACHE_SIZE = 256
 
-_state = threading.local()
+def unsimplified(target):
+    """`target` (a geomjax field or step, or any pytree holding them) with its static
+    option `simplify` off, and that of every field or step it holds (the field inside a
+    step, the feedback field inside an adaptive one): everything it derives is evaluated
+    as derived, not through `scalar_graph`.
 
+    A target and its unsimplified copy compile to separate programs (the option is static,
+    so part of the program's key), and nothing else changes what a target computes.
 
-def is_enabled() -> bool:
-    """Whether `scalar_graph` simplifies (True unless inside `enabled(False)`)."""
-    return getattr(_state, "enabled", True)
+    Example:
 
+    ```python
+    >>> import geomjax
+    >>> from geomjax.internal.simplify import unsimplified
+    >>> field = geomjax.dirac_field(geomjax.models.spherical_pendulum().system)
+    >>> field.simplify, unsimplified(field).simplify
+    (True, False)
 
-@contextlib.contextmanager
-def enabled(flag: bool = True):
-    """Context manager turning the simplification on or off for what is traced inside it.
-
-    `with enabled(False): ...` makes `scalar_graph(fn, *args)` evaluate `fn(*args)`
-    unchanged (for comparisons and benchmarks). The switch acts at trace time: a
-    function compiled before keeps what it was compiled with.
+    ```
     """
-    previous = is_enabled()
-    _state.enabled = bool(flag)
-    try:
-        yield
-    finally:
-        _state.enabled = previous
+    return _with_option(target, "simplify", False)
+
+
+def _with_option(node, name: str, value):
+    """A copy of the pytree `node` with the dataclass field `name` set to `value` in every
+    module that has one (copies: modules are immutable)."""
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+            items = [_with_option(item, name, value) for item in node]
+            if any(new is not old for new, old in zip(items, node)):
+                return type(node)(items)
+        return node
+    changed = {}
+    for field in dataclasses.fields(node):
+        old = getattr(node, field.name, None)
+        new = value if field.name == name else _with_option(old, name, value)
+        if new is not old:
+            changed[field.name] = new
+    if not changed:
+        return node
+    copy = object.__new__(type(node))
+    for field in dataclasses.fields(node):
+        object.__setattr__(copy, field.name, changed.get(field.name, getattr(node, field.name)))
+    return copy
 
 
 # Factorisations and solves of state-dependent matrices: evaluated unchanged, quietly.
@@ -1135,7 +1157,7 @@ def _describe(fn) -> str:
     return name
 
 
-def scalar_graph(fn: Callable, *args, warn: bool = True):
+def scalar_graph(fn: Callable, *args, warn: bool = True, enabled: bool = True):
     """`fn(*args)`, evaluated through its simplified scalar expression graph.
 
     **Arguments:**
@@ -1144,17 +1166,19 @@ def scalar_graph(fn: Callable, *args, warn: bool = True):
     - `args`: the arrays (pytrees of arrays) to evaluate it at; concrete (untraced)
       arrays are folded into the graph as constants.
     - `warn`: warn (once) when `fn` holds an operation the expansion does not handle.
+    - `enabled`: False evaluates `fn(*args)` as it is (the `simplify` option of the
+      field or step that calls this).
 
     **Returns:**
 
-    The value of `fn(*args)`. When the pass is off (`enabled(False)`), when `fn` holds an
+    The value of `fn(*args)`. When `enabled` is False, when `fn` holds an
     operation the expansion does not handle (with a warning, once), or when it exceeds one
     of the size limits (`MAX_INPUTS`, `MAX_NODES`, `MAX_OPERATIONS`), `fn(*args)` itself.
 
     Example: `scalar_graph(jax.grad(lambda x: 0.5 * x @ x), x)` is `x` itself, with no
     arithmetic left.
     """
-    if not is_enabled():
+    if not enabled:
         return fn(*args)
     return _simplified_call(fn, args, warn)
 
