@@ -33,6 +33,7 @@ def clear_caches() -> None:
     """
     common._MEMOS.clear()
     common._NO_DETAIL.clear()
+    common._RUN_OPTIONS.clear()
     sweep._PROBED.clear()
     sweep._CLOSES_OVER_MEMBER.clear()
     implicit._QUADRATIC.clear()

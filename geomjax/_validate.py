@@ -5,9 +5,38 @@ import jax.numpy as jnp
 import numpy as np
 
 
+# --- what is known now, and what is traced ----------------------------------------------
+# The one place geomjax reads JAX's private API (`jax._src.core`): whether a traced value
+# is known now, and whether any transformation is tracing. Both are resolved at import;
+# `tests/test_known.py` fails loudly if a JAX release moves them (geomjax then counts
+# every value as traced, which is safe but slow, and warns once here).
+try:
+    from jax._src.core import to_concrete_value as _to_concrete_value, trace_ctx as _trace_ctx
+except ImportError:  # pragma: no cover - a JAX release without them
+    import warnings as _warnings
+
+    _to_concrete_value = _trace_ctx = None
+    _warnings.warn(
+        "geomjax: this JAX has no jax._src.core.to_concrete_value / trace_ctx; values under "
+        "transformations count as traced (checks move into the compiled runs)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def is_traced(value) -> bool:
+    """True when `value` (one leaf) is a tracer of a JAX transformation."""
+    return isinstance(value, jax.core.Tracer)
+
+
 def is_concrete(x) -> bool:
-    """True when `x` holds values (not a tracer inside jit/vmap/grad)."""
-    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+    """True when `x` (a pytree) holds values: no leaf is a tracer inside jit/vmap/grad."""
+    return not any(is_traced(leaf) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def at_top_level() -> bool:
+    """Whether no JAX transformation is tracing now (values computed now are concrete)."""
+    return _trace_ctx is not None and bool(_trace_ctx.is_top_level())
 
 
 def known(x) -> np.ndarray | None:
@@ -34,20 +63,14 @@ def known(x) -> np.ndarray | None:
 
     ```
     """
-    if not isinstance(x, jax.core.Tracer):
+    if not is_traced(x):
         return np.asarray(x)
-    value = _concrete_value(x)
-    return None if value is None else np.asarray(value)
-
-
-def _concrete_value(tracer):
-    # JAX's own test for "is this traced value known now" (what `bool(tracer)` uses).
-    from jax._src import core
-
-    try:
-        return core.to_concrete_value(tracer)
-    except Exception:  # an internal API: if it changes, values count as unknown
+    if _to_concrete_value is None:
         return None
+    # JAX's own test for "is this traced value known now" (what `bool(tracer)` uses);
+    # None where it is not.
+    value = _to_concrete_value(x)
+    return None if value is None else np.asarray(value)
 
 
 #: What a check raises when a value it needs is traced: JAX's own errors from code that

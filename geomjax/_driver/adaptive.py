@@ -8,12 +8,13 @@ diffrax.
 import dataclasses
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .._field.base import AbstractField
 from .._status import RESULTS, code_int
-from .common import OK, STATUS, begin, compiled_call, solution_from_record
+from .common import OK, STATUS, RunOptions, begin, compiled_call, solution_from_record
 from .flagged import flag_failed
 
 class _RejectNonFinite(diffrax.PIDController):
@@ -26,16 +27,31 @@ class _RejectNonFinite(diffrax.PIDController):
 
 
 
-def run_diffrax(field: AbstractField, solver, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol, dt0=None):
+class AdaptiveOptions(eqx.Module):
+    """The options of a diffrax run: `run` (the loop's: `save_every`, `start_tol`,
+    `drift_tol`), the number of `steps` of dt to the end time, and the step-size control
+    (`rtol`, `atol`: None for both, constant steps; `max_steps`)."""
+
+    run: RunOptions
+    steps: int = eqx.field(static=True)
+    rtol: float | None = None
+    atol: float | None = None
+    max_steps: int | None = eqx.field(static=True, default=None)
+
+
+def run_diffrax(field: AbstractField, solver, x0, dt, t0, args, *, options: AdaptiveOptions, dt0=None):
     """The run over [t0, t0 + dt·steps], saved every `save_every`·dt; `dt0` (default `dt`)
     is diffrax's first step."""
-    options = (steps, save_every, rtol, atol, max_steps, start_tol, drift_tol)
-    return compiled_call(_diffrax_run, options, field, solver, x0, dt, t0, args, dt if dt0 is None else dt0)
+    times = (dt, t0, args)
+    return compiled_call(_diffrax_run, (options,), field, solver, x0, times, dt if dt0 is None else dt0)
 
 
-def _diffrax_run(field: AbstractField, solver, x0, dt, t0, args, dt0, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol):
+def _diffrax_run(field: AbstractField, solver, x0, times, dt0, options: AdaptiveOptions):
     """A diffrax solve with the start check and the save-point monitoring, compiled whole."""
-    field, (z0, record), monitor = begin(field, x0, dt, start_tol, drift_tol, t0)
+    dt, t0, args = times
+    steps, save_every = options.steps, options.run.save_every
+    rtol, atol, max_steps = options.rtol, options.atol, options.max_steps
+    field, (z0, record), monitor = begin(field, x0, dt, options.run.start_tol, options.run.drift_tol, t0)
     start_ok = record[STATUS] == OK
     t1 = t0 + dt * steps
     n_saves = steps // save_every

@@ -39,7 +39,7 @@ from jax.extend.core import Literal
 
 from .._step.base import AbstractStep, written_out_sum
 from .._status import RESULTS, code_of, from_code
-from .._validate import is_concrete
+from .._validate import is_concrete, is_traced
 from ..internal.simplify import scalar_graph
 
 
@@ -324,7 +324,7 @@ def reachable_tracers(tree, depth: int = 8) -> dict:
     seen, found = set(), {}
 
     def visit(obj, d):
-        if isinstance(obj, jax.core.Tracer):
+        if is_traced(obj):
             found[id(obj)] = obj
             return
         if d == 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, complex, type)) or obj is None:

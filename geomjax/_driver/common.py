@@ -5,6 +5,7 @@ A run's bookkeeping is one int64 array `record = (steps taken, first failed step
 status code)`, indexed by `STEPS`, `FAILED_STEP`, `STATUS`.
 """
 
+import dataclasses
 import functools
 import weakref
 
@@ -15,6 +16,7 @@ from jax import lax
 
 from .._monitored import AbstractMonitored
 from .._status import RESULTS, code_int, from_code
+from .._validate import at_top_level
 from .solution import FailureDetail, Solution
 
 
@@ -119,16 +121,6 @@ def known_memo(obj) -> dict | None:
     return entry[1] if entry is not None and entry[0]() is obj else None
 
 
-def at_top_level() -> bool:
-    """Whether no JAX transformation is tracing now (values computed now are concrete)."""
-    try:
-        from jax._src.core import trace_ctx
-
-        return bool(trace_ctx.is_top_level())
-    except Exception:  # an internal API: if it changes, count everything as traced
-        return False
-
-
 def nan_max(x, axis):
     """`jnp.max` that is NaN wherever a reduced entry is NaN. (XLA's CPU reduction drops
     NaNs in reductions of a few thousand entries: JAX 0.10.2 gives max([0, NaN, …]) = 0.)"""
@@ -162,6 +154,31 @@ class RunOptions(eqx.Module):
     start_tol: float | None = None
     drift_tol: float | None = None
     monitored: bool = eqx.field(static=True, default=False)
+
+    @staticmethod
+    def of(**options) -> "RunOptions":
+        """`RunOptions(**options)`, the same object for the same hashable options (made
+        once: building a module costs a direct `integrate` call ~30 µs, and the same
+        object is found at once in the compiled-program tables; `loop_overhead.py`)."""
+        key = tuple(sorted(options.items()))
+        try:
+            found = _RUN_OPTIONS.get(key)
+        except TypeError:  # a traced tolerance: not a key
+            return RunOptions(**options)
+        if found is None:
+            found = RunOptions(**options)
+            if len(_RUN_OPTIONS) < 256:
+                _RUN_OPTIONS[key] = found
+        return found
+
+    def but(self, **changes) -> "RunOptions":
+        """These options with `changes` (`RunOptions.of`)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return RunOptions.of(**{**fields, **changes})
+
+
+# `RunOptions.of`'s objects, by their options.
+_RUN_OPTIONS: dict = {}
 
 
 class Monitor(eqx.Module):

@@ -52,7 +52,6 @@ from .common import (
     STATUS,
     STEPS,
     Monitor,
-    at_top_level,
     begin,
     compiled_call,
     compiled_call_on,
@@ -68,7 +67,16 @@ from .loop import checked_step
 from .solution import FailureDetail, Solution, raise_if_failed
 from .._status import RESULTS, code_int, code_of
 from .._step.base import AbstractStep, FunctionStep
-from .._validate import as_state, check_call_args, check_positive_step, check_run_options, checked_where_known, is_concrete, known
+from .._validate import (
+    as_state,
+    at_top_level,
+    check_call_args,
+    check_positive_step,
+    check_run_options,
+    checked_where_known,
+    is_concrete,
+    known,
+)
 from ..internal.closure import custom_jvp_by_reference
 
 # Outside jit a long run is split into compiled chunks of at most this many steps, so
@@ -376,7 +384,7 @@ def _fast_variant_then_step(step, carry, times, monitor, run: RunOptions):
 
     def value(dyn, carry):
         s, ts, m = rebuild(dyn)
-        fast = _scan_blocks_of(s.fast_variant(), carry, ts, m, dataclasses.replace(run, checkpoint=False))
+        fast = _scan_blocks_of(s.fast_variant(), carry, ts, m, run.but(checkpoint=False))
         failed = fast[0][1][STATUS] != OK
 
         def again(c):
@@ -511,7 +519,8 @@ def _run_fixed(step, x0, dt, t0, args, steps, *, run: RunOptions, progress=False
     `_CHUNK_STEPS` steps."""
     save_every = run.save_every
     n_blocks = steps // save_every
-    run = dataclasses.replace(run, blocks=n_blocks)
+    if run.blocks != n_blocks:
+        run = run.but(blocks=n_blocks)
     # (At the top level nothing is traced: no need to look through the step's leaves.)
     concrete = at_top_level() or is_concrete((x0, dt, t0, args, step))
     if not concrete or runs_whole(n_blocks, save_every, progress):
@@ -542,7 +551,7 @@ def _run_fixed(step, x0, dt, t0, args, steps, *, run: RunOptions, progress=False
             pieces.append(x)
     else:
         for n in _chunks(n_blocks, save_every, progress):
-            carry, xs = compiled_call(_chunk, (dataclasses.replace(run, blocks=n),), step, carry, times, monitor)
+            carry, xs = compiled_call(_chunk, (run.but(blocks=n),), step, carry, times, monitor)
             pieces.append(xs)
             if bar is not None:
                 bar.update(n * save_every)
@@ -625,7 +634,7 @@ def _start_checks(target, x0, start_tol) -> None:
     check_on_constraint_set(target, x0, start_tol)
 
 
-def _end_time_grid(t1, saves, dt, steps, save_every, t0, adaptive: bool, rtol, atol, max_steps):
+def _end_time_grid(t1, saves, dt, steps, save_every, t0, *, adaptive: bool, rtol, atol, max_steps):
     """`(dt of the save grid, first step, steps, save_every, max_steps)` of a diffrax run
     given by its end time `t1` and `saves` equal save intervals (see `integrate`). With
     constant steps (no `rtol`/`atol`) the run takes ⌈(t1 − t0)/dt⌉ steps of `dt`, which is
@@ -719,7 +728,7 @@ def _with_linear_cause(sol: Solution, step, dt, t0, args, save_every: int) -> So
     x = sol.xs[save]
     dt, t0 = jnp.asarray(dt, x.dtype), jnp.asarray(t0, x.dtype)
     if before > 0:
-        lean = RunOptions(save_every=before, start_tol=None, drift_tol=None)
+        lean = RunOptions.of(save_every=before, blocks=1, start_tol=None, drift_tol=None)
         x = _run_fixed(step, x, dt, t0 + save * save_every * dt, args, before, run=lean).xs[-1]
     report = eqx.filter_jit(diagnose)(x, dt)
     if report is None:
@@ -968,7 +977,7 @@ def integrate(
     if t1 is not None or saves is not None:
         adaptive = diffrax is not None and isinstance(method, diffrax.AbstractSolver)
         dt, dt0, steps, save_every, max_steps = _end_time_grid(
-            t1, saves, dt, steps, save_every, t0, adaptive, rtol, atol, max_steps
+            t1, saves, dt, steps, save_every, t0, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps
         )
     elif dt is None or steps is None:
         raise TypeError(
@@ -992,12 +1001,12 @@ def integrate(
         method = default_method(target)
         note = _DEFAULT_METHOD_NOTES[method]
     if not is_step and diffrax is not None and isinstance(method, diffrax.AbstractSolver):
-        from .adaptive import run_diffrax  # imports diffrax: only when a diffrax solver is passed (import time)
+        from .adaptive import AdaptiveOptions, run_diffrax  # imports diffrax: only when a diffrax solver is passed (import time)
 
         _as_accuracy_tol(accuracy_tol, adaptive=True)
-        sol = run_diffrax(
-            target, method, x0, dt, t0, args, steps, save_every, rtol, atol, max_steps, start_tol, drift_tol, dt0
-        )
+        run = RunOptions.of(save_every=save_every, start_tol=start_tol, drift_tol=drift_tol)
+        options = AdaptiveOptions(run, steps, rtol, atol, max_steps)
+        sol = run_diffrax(target, method, x0, dt, t0, args, options=options, dt0=dt0)
         sol = _explained(target, x0, sol, save_every, drift_tol, note)
     else:
         accuracy_tol = _as_accuracy_tol(accuracy_tol, adaptive=False)
@@ -1008,17 +1017,21 @@ def integrate(
                     f"method must be a method name or a diffrax solver, got {type(method).__name__}"
                 )
             target = _step_for(method, target)
-        run = RunOptions(save_every=save_every, checkpoint=checkpoint, start_tol=start_tol, drift_tol=drift_tol)
+        blocks = steps // save_every
+        run = RunOptions.of(save_every=save_every, blocks=blocks, checkpoint=checkpoint, start_tol=start_tol,
+                            drift_tol=drift_tol)
         sol = _explained(target, x0, _run_fixed(target, x0, dt, t0, args, steps, run=run, progress=progress),
                          save_every, drift_tol, note)
         if accuracy_tol is not None:
             # The same run at dt/2: the same saves, twice the steps between them.
-            half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, run=dataclasses.replace(run, save_every=2 * save_every),
+            half = _run_fixed(target, x0, dt / 2, t0, args, 2 * steps, run=run.but(save_every=2 * save_every, blocks=blocks),
                               progress=progress)
             sol = compiled_call(_compared, (save_every, accuracy_tol), sol, half)
-        if field is not None:
-            sol = _with_gain_cause(sol, field, x0, dt, method)
-        sol = _with_linear_cause(sol, target, dt, t0, args, save_every)
+        status = known(sol.status)
+        if status is not None and np.ndim(status) == 0 and int(status) != OK:  # a failed run outside jit
+            if field is not None:
+                sol = _with_gain_cause(sol, field, x0, dt, method)
+            sol = _with_linear_cause(sol, target, dt, t0, args, save_every)
     if throw:
         sol = raise_if_failed(sol)
     return sol

@@ -7,7 +7,6 @@ same checks, one status per member. Members are processed in chunks that fit in 
 each chunk split over the given devices.
 """
 
-import dataclasses
 import inspect
 import math
 import warnings
@@ -384,8 +383,8 @@ def sweep(
     kind = (build, method, layout, unroll, platform, jax.tree_util.tree_structure(args))
     is_step, labels, (layout, unroll), method = _probe(probe, first, kind)
     pieces = []
-    run = RunOptions(save_every=save_every, checkpoint=checkpoint, unroll=unroll, start_tol=start_tol, drift_tol=drift_tol)
-    monitored = dataclasses.replace(run, blocks=steps // save_every, monitored=True)
+    run = RunOptions.of(save_every=save_every, checkpoint=checkpoint, unroll=unroll, start_tol=start_tol, drift_tol=drift_tol)
+    monitored = run.but(blocks=steps // save_every, monitored=True)
     starts = list(range(0, grid.size, chunk_size))
     for c, start in enumerate(starts):
         index = np.arange(start, start + chunk_size)

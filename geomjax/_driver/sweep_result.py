@@ -15,6 +15,7 @@ from .._version import __version__
 from .common import nan_max
 from .grid import Grid
 from .solution import measured_sentence
+from .._validate import is_traced
 
 _ARRAYS = ("ts", "xs", "status", "failed_step", "num_steps", "invariant_error", "constraint_error")
 
@@ -301,7 +302,7 @@ def _definition_json(grid: Grid, definition: dict) -> str:
 
     out = {
         "swept": [{name: np.asarray(v).tolist() if np.asarray(v).size <= 4096 else f"array{np.shape(v)}" for name, v in axis.items()} for axis in grid.axes]
-        if all(not isinstance(v, jax.core.Tracer) for a in grid.axes for v in a.values())
+        if all(not is_traced(v) for a in grid.axes for v in a.values())
         else [list(a) for a in grid.axes],
         "grid_shape": list(grid.shape),
     }
@@ -311,7 +312,7 @@ def _definition_json(grid: Grid, definition: dict) -> str:
         elif key == "method":
             value = value if isinstance(value, str) else type(value).__name__
         elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
-            value = float(value) if not isinstance(value, jax.core.Tracer) else "traced"
+            value = float(value) if not is_traced(value) else "traced"
         out[key] = value
     out["versions"] = {
         "geomjax": __version__,

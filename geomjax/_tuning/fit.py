@@ -21,6 +21,7 @@ from jaxtyping import ArrayLike, Float
 
 from .._driver.integrate import integrate
 from .._status import RESULTS, code_int, code_of, from_code
+from .._validate import is_traced
 
 # A parameter counts as not identified when its variance inflation factor, the diagonal
 # entry of the inverse correlation-scaled JᵀJ, is past this bound: its standard error
@@ -127,7 +128,7 @@ def _layout(guess, positive) -> tuple[_Layout, np.ndarray]:
         flags = [bool(f) for f in flags]
     names, shapes, positives, values = [], [], [], []
     for (path, leaf), pos in zip(pairs, flags):
-        if isinstance(leaf, jax.core.Tracer):
+        if is_traced(leaf):
             raise TypeError(_TRACED)
         value = np.asarray(leaf)
         if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
@@ -869,7 +870,7 @@ def fit(
     for bad in ("steps", "throw", "saves", "t1"):
         if bad in options:
             raise TypeError(f"fit() got an unexpected keyword argument {bad!r}: the run's steps follow from the data")
-    if any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves((x0, data, noise, dt))):
+    if any(is_traced(v) for v in jax.tree_util.tree_leaves((x0, data, noise, dt))):
         raise TypeError(_TRACED)
     layout, theta0 = _layout(guess, positive)
     data = np.asarray(data, np.float64)

@@ -93,7 +93,7 @@ def _tenth(a, which):
     return _worst(a[:k] if which == 0 else a[-k:])
 
 
-def _one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
+def _one_chain(links, space_dim, *, sizes, test, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
     sizes = tuple(sorted(int(s) for s in sizes))
     start = time.perf_counter()
     data = geomjax.chain_trajectories(links, max(sizes) + test, steps=steps, space_dim=space_dim,
@@ -199,7 +199,7 @@ def _long_figure(path, res, dt, chunk_steps):
                 "trained CHNN by RK4 and RATTLE (constraint and learned-energy errors)",
           quick={"chains": ((1, 2),), "sizes": (8,), "test": 4, "epochs": 40, "width": 32, "depth": 2,
                  "steps": 50, "long_steps": 400, "batch_size": 16})
-def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10, 30, 100), test=50, steps=100,
+def run(out_dir: pathlib.Path, progress: bool, *, chains=DEFAULT_CHAINS, sizes=(10, 30, 100), test=50, steps=100,
         long_steps=10_000, epochs=150, width=256, depth=3, batch_size=200, seed=0) -> dict:
     """Train the three models on each chain of `chains` ((links, space dimension) pairs)
     for every training-set size; measure rollout errors on `test` held-out trajectories
@@ -211,8 +211,8 @@ def run(out_dir: pathlib.Path, progress: bool, chains=DEFAULT_CHAINS, sizes=(10,
     with a 2×32 network; its numbers are real but not the paper's."""
     out_dir = pathlib.Path(out_dir)
     long_steps = max(int(long_steps), int(steps))  # the rollout error is read off the long rollouts' first steps
-    results = [_one_chain(links, space_dim, sizes, test, steps, long_steps, epochs, width, depth, batch_size,
-                          seed, progress)
+    results = [_one_chain(links, space_dim, sizes=sizes, test=test, steps=steps, long_steps=long_steps, epochs=epochs,
+                          width=width, depth=depth, batch_size=batch_size, seed=seed, progress=progress)
                for links, space_dim in chains]
     chunk_steps = CHUNK - 1
     figures = [_error_figure(out_dir / f"{NAME}_fig1_error_vs_size.png", results, steps)]

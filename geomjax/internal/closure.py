@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from .._validate import is_traced
 
 
 def _trace(fn, args):
@@ -37,7 +38,7 @@ def _trace(fn, args):
 
 def closed_over_tracers(closed) -> list:
     """The tracers (values of enclosing transformations) among a closed jaxpr's constants."""
-    return [c for c in closed.consts if isinstance(c, jax.core.Tracer)]
+    return [c for c in closed.consts if is_traced(c)]
 
 
 def _evaluate(closed, out_tree, hoisted_ids, hoisted, args):
@@ -46,7 +47,7 @@ def _evaluate(closed, out_tree, hoisted_ids, hoisted, args):
     position = {i: k for k, i in enumerate(hoisted_ids)}
     consts = []
     for c in closed.consts:
-        if isinstance(c, jax.core.Tracer):
+        if is_traced(c):
             k = position.get(id(c))
             if k is None:
                 raise RuntimeError(

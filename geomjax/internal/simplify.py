@@ -98,6 +98,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from .._validate import is_traced
 
 # Functions of more input scalars than this, whose expansion grows past MAX_NODES nodes,
 # or whose simplified graph still needs more than MAX_OPERATIONS scalar operations are
@@ -693,7 +694,7 @@ class _Expander:
         """`eqn` kept whole: one node for the operation, one per entry of its outputs."""
         for param in eqn.params.values():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
-                if isinstance(sub, ClosedJaxpr) and any(isinstance(c, jax.core.Tracer) for c in sub.consts):
+                if isinstance(sub, ClosedJaxpr) and any(is_traced(c) for c in sub.consts):
                     raise _Unsupported(f"`{eqn.primitive.name}` with a traced constant")
         g = self.graph
         arrays = [np.asarray(a) for a in invals]
@@ -717,7 +718,7 @@ class _Expander:
         if not hasattr(sub, "consts"):
             return self.run(sub, [], invals)
         for c in sub.consts:
-            if isinstance(c, jax.core.Tracer):
+            if is_traced(c):
                 raise _Unsupported("a traced constant inside a call")
         return self.run(sub.jaxpr, [self.constant_array(np.asarray(c)) for c in sub.consts], invals)
 
@@ -884,7 +885,7 @@ def _build(closed, flat_args):
     def inputs(source, values, varying):
         out = []
         for position, value in enumerate(values):
-            if not isinstance(value, jax.core.Tracer):
+            if not is_traced(value):
                 out.append(expander.constant_array(np.asarray(value)))
                 continue
             ids = np.empty(jnp.shape(value), dtype=np.int64)
@@ -1127,7 +1128,7 @@ def _nested_consts(jaxpr, out):
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 if isinstance(sub, ClosedJaxpr):
                     for c in sub.consts:
-                        out.append("tracer" + str(jax.typeof(c)) if isinstance(c, jax.core.Tracer) else _digest(c))
+                        out.append("tracer" + str(jax.typeof(c)) if is_traced(c) else _digest(c))
                     _nested_consts(sub.jaxpr, out)
                 elif isinstance(sub, Jaxpr):
                     _nested_consts(sub, out)
@@ -1140,7 +1141,7 @@ def _cache_key(closed, flat_args, in_tree, out_tree):
     the traced ones (leaves of the graph), and the limits."""
     parts = [str(closed.jaxpr), str(in_tree), str(out_tree), MAX_NODES, MAX_OPERATIONS]
     for value in (*flat_args, *closed.consts):
-        if isinstance(value, jax.core.Tracer):
+        if is_traced(value):
             parts.append(("leaf", jnp.shape(value), str(value.dtype)))
         else:
             parts.append(_digest(value))
@@ -1245,7 +1246,7 @@ def _simplified_call(fn, args, warn: bool, linear=None, fallback=None, allowed=N
 def _input_size(specs, consts) -> int:
     """The graph's input scalars: the arguments' and those of the traced values the
     function closes over (concrete ones are folded in as constants)."""
-    traced = sum(int(np.prod(jnp.shape(c))) for c in consts if isinstance(c, jax.core.Tracer))
+    traced = sum(int(np.prod(jnp.shape(c))) for c in consts if is_traced(c))
     return sum(int(np.prod(spec.shape)) for spec in specs) + traced
 
 
@@ -1294,7 +1295,7 @@ def _with_simplified_derivatives(plan, closed, flat_args, consts, out_leaves):
     them, and differentiating a Newton loop's iterations cannot be transposed).
     """
     values = list(flat_args) + list(consts)
-    traced = [i for i, v in enumerate(values) if isinstance(v, jax.core.Tracer)]
+    traced = [i for i, v in enumerate(values) if is_traced(v)]
     n_args = len(flat_args)
 
     def full(inputs):

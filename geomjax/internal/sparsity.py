@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Literal
+from .._validate import is_traced
 
 _ELEMENTWISE = {
     "add", "add_any", "sub", "mul", "div", "neg", "sign", "floor", "ceil", "round", "is_finite",
@@ -538,7 +539,7 @@ def _eqn_patterns(eqn, ins, n):
 def _propagate(jaxpr, consts, ins, n):
     env = {}
     for v, c in zip(jaxpr.constvars, consts):
-        arr = np.asarray(c) if not isinstance(c, jax.core.Tracer) else None
+        arr = np.asarray(c) if not is_traced(c) else None
         env[v] = _Entry(Pattern.empty(tuple(v.aval.shape), n), arr)
     for v, e in zip(jaxpr.invars, ins):
         env[v] = e
