@@ -308,3 +308,17 @@ def test_coverage_over_fifty_datasets():
         assert report["failed"] == 0, (name, report)
         for parameter, fraction in report["coverage"].items():
             assert fraction >= 0.9, (name, parameter, fraction)
+
+
+def test_fit_passes_on_only_the_options_of_its_runs():
+    """`**options` is an allow-list of `integrate`'s keywords: anything else is a
+    TypeError that names what the runs take (a typo is never silently dropped or passed)."""
+    import pytest
+
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    make = lambda p: geomjax.rattle(geomjax.models.spherical_pendulum(g=p["g"], holonomic=True).system)  # noqa: E731
+    data = jnp.zeros((1, 3, 6))
+    for bad, words in (("steps", "follow from the data"), ("t1", "follow from the data"), ("drift_tl", "not an option")):
+        with pytest.raises(TypeError, match=words) as info:
+            geomjax.fit(make, {"g": 9.0}, model.x0[None], data, dt=0.01, **{bad: 1})
+        assert "t0, args, drift_tol, start_tol, checkpoint" in str(info.value)

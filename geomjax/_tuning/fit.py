@@ -708,6 +708,10 @@ def _listed(names) -> str:
 # The public function
 
 
+#: The keywords of `geomjax.integrate` that `fit` passes on to its runs (`**options`).
+_RUN_KEYWORDS = ("t0", "args", "drift_tol", "start_tol", "checkpoint")
+
+
 def fit(
     make: Callable,
     guess,
@@ -867,9 +871,13 @@ def fit(
             "optimizer must be None (Levenberg–Marquardt) or an optax GradientTransformation, "
             f"got {type(optimizer).__name__}"
         )
-    for bad in ("steps", "throw", "saves", "t1"):
-        if bad in options:
-            raise TypeError(f"fit() got an unexpected keyword argument {bad!r}: the run's steps follow from the data")
+    for name in options:
+        if name not in _RUN_KEYWORDS:
+            why = "the run's steps follow from the data" if name in ("steps", "saves", "t1") else "not an option of the runs"
+            raise TypeError(
+                f"fit() got an unexpected keyword argument {name!r} ({why}); the runs take "
+                f"{', '.join(_RUN_KEYWORDS)} besides fit's own arguments"
+            )
     if any(is_traced(v) for v in jax.tree_util.tree_leaves((x0, data, noise, dt))):
         raise TypeError(_TRACED)
     layout, theta0 = _layout(guess, positive)
