@@ -6,6 +6,8 @@ exception (type and a pattern of its message) or, for runs that cannot raise (in
 Compiled objects are shared through module-level fixtures; every run is a few steps.
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -128,6 +130,33 @@ ACCEPTED = ("accepted",)
 OFF = "off the constraint set"
 SQUARE = np.array([[1.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
 INDEFINITE4 = np.diag([1.0, 1.0, -1.0, 1.0])
+
+@functools.cache
+def learning():
+    """A pendulum data set and an untrained network for the learning rows (built once)."""
+    data = geomjax.chain_trajectories(1, 3, steps=6, key=jax.random.key(0))
+    net = geomjax.ConstrainedHamiltonianNetwork(2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    return data, net
+
+
+def with_entry(xs, index, value):
+    xs = np.array(xs)
+    xs[index] = value
+    return xs
+
+
+def pendulum_fit(data, **kw):
+    model = geomjax.models.spherical_pendulum(holonomic=True)
+    make = lambda p: geomjax.rattle(geomjax.models.spherical_pendulum(g=p["g"], holonomic=True).system)  # noqa: E731
+    return geomjax.fit(make, {"g": 9.0}, model.x0[None], data, dt=0.01, max_steps=1, **kw)
+
+
+def wide_constraints(q):
+    """Constraints written for a double pendulum (indices 2, 3), given to a single one:
+    JAX clamps the indices, so nothing fails until the start check."""
+    idx = jnp.array([2, 3])
+    return jnp.atleast_1d(jnp.sum(q[idx] ** 2) - 1.0)
+
 
 # (id, input class, function, action(ctx), expected)
 ROWS = [
@@ -402,6 +431,51 @@ ROWS = [
      raises(ValueError, r"theta_range must be two finite numbers lo < hi")),
     ("random-polynomial-degree", "degree = −1", "random_polynomial", lambda c: geomjax.random_polynomial(jax.random.key(0), 2, -1),
      raises(ValueError, "degree must be a non-negative integer .*got -1")),
+    # ---------------------------------------------------------------- learning and fit
+    ("train-empty", "empty data (0 trajectories)", "train",
+     lambda c: geomjax.train(learning()[1], np.zeros((0, 9, 4)), dt=0.03, epochs=1, key=jax.random.key(0)),
+     raises(ValueError, r"the data hold 0 trajectories")),
+    ("train-one-nan", "one NaN observation", "train",
+     lambda c: geomjax.train(learning()[1], with_entry(learning()[0].xs, (0, 2, 1), np.nan), dt=0.03, epochs=1, key=jax.random.key(0)),
+     raises(ValueError, r"1 non-finite observations \(NaN or inf\), the first at trajectory 0, observation 2, entry 1")),
+    ("train-all-nan", "all observations NaN", "train",
+     lambda c: geomjax.train(learning()[1], np.full((2, 5, 4), np.nan), dt=0.03, epochs=1, key=jax.random.key(0)),
+     raises(ValueError, r"40 non-finite observations")),
+    ("train-momentum-data", "momentum-observed data, velocity-observed network", "train",
+     lambda c: geomjax.train(learning()[1], geomjax.chain_trajectories(1, 2, steps=4, observed="momentum", key=jax.random.key(0)),
+                             epochs=1, key=jax.random.key(0)),
+     raises(ValueError, r"observed as momentum .* expects observed='velocity'")),
+    ("train-dt-zero", "dt = 0", "train",
+     lambda c: geomjax.train(learning()[1], learning()[0].xs, dt=0.0, epochs=1, key=jax.random.key(0)),
+     raises(ValueError, r"train: dt must be a positive finite scalar")),
+    ("rollout-off-set", "|q| = 1.2 on a unit pendulum", "rollout",
+     lambda c: geomjax.rollout(learning()[1], jnp.array([1.2, 0.0, 0.3, 0.5]), 10, 0.03, "rk4"),
+     raises(ValueError, r"start 0 is off the model's constraint set.* start_tol=None")),
+    ("rollout-batch", "a batch of starts", "rollout", lambda c: geomjax.rollout(learning()[1], jnp.ones((3, 4)), 5, 0.03),
+     raises(ValueError, r"takes one state x0 of shape \(4,\), got a batch .*jax.vmap")),
+    ("rollout-length", "x0 of length 5 for a 4-state model", "rollout", lambda c: geomjax.rollout(learning()[1], jnp.ones(5), 5, 0.03),
+     raises(ValueError, r"x0 must be one observed state of shape \(4,\)")),
+    ("rollout-dt-nan", "dt = NaN", "rollout", lambda c: geomjax.rollout(learning()[1], learning()[0].xs[0, 0], 5, float("nan")),
+     raises(ValueError, r"rollout: dt must be a positive finite scalar, got nan")),
+    ("rollout-wide-constraints", "constraints written for another dimension", "rollout",
+     lambda c: geomjax.rollout(geomjax.ConstrainedHamiltonianNetwork(2, wide_constraints, width_size=4, depth=1, key=jax.random.key(1)),
+                               jnp.array([0.6, -0.8, 0.8, 0.6]), 5, 0.03),
+     raises(ValueError, r"off the model's constraint set.*written for this state")),
+    ("rollout-error-empty", "no trajectories", "rollout_error", lambda c: geomjax.rollout_error(learning()[1], np.zeros((0, 5, 4)), dt=0.03),
+     raises(ValueError, r"rollout_error: the data hold 0 trajectories")),
+    ("rollout-error-nan", "one NaN observation", "rollout_error",
+     lambda c: geomjax.rollout_error(learning()[1], with_entry(learning()[0].xs, (1, 3, 0), np.nan), dt=0.03),
+     raises(ValueError, r"rollout_error: the data hold 1 non-finite observations")),
+    ("node-sized-like-node", "a NeuralODE to match", "NeuralODE.sized_like",
+     lambda c: geomjax.NeuralODE.sized_like(geomjax.NeuralODE(4, width_size=4, depth=1, key=jax.random.key(0)), key=jax.random.key(1)),
+     raises(TypeError, r"sized_like takes a ConstrainedHamiltonianNetwork")),
+    ("fit-inf", "an infinite observation", "fit", lambda c: pendulum_fit(with_entry(np.zeros((1, 3, 6)), (0, 1, 2), np.inf)),
+     raises(ValueError, r"1 infinite observations, the first at trajectory 0, save 1, entry 2.*NaN marks a missing")),
+    ("fit-no-finite", "no finite observation", "fit", lambda c: pendulum_fit(np.full((1, 3, 6), np.nan)),
+     raises(ValueError, r"no finite observation in the data")),
+    ("fit-start-included", "data that include the start, start_observed=False", "fit",
+     lambda c: pendulum_fit(np.stack([geomjax.models.spherical_pendulum(holonomic=True).x0] * 3)[None]),
+     raises(ValueError, r"first save of every trajectory equals its start x0.*start_observed=True")),
     ("invariant-errors-solution", "a Solution instead of sol.xs", "diagnostics.invariant_errors",
      lambda c: geomjax.diagnostics.invariant_errors(c.model.system, run(c.dirac, c.x0)),
      raises(TypeError, r"not a geomjax.Solution: pass sol.xs")),

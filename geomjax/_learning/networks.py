@@ -361,6 +361,11 @@ class NeuralODE(eqx.Module):
         """A `NeuralODE` on the observed state of `model` (a `ConstrainedHamiltonianNetwork`)
         with about its number of trainable parameters: the same depth (unless given), the
         width chosen by `width_for`. A ValueError if no width comes within ±10 %."""
+        if not isinstance(model, ConstrainedHamiltonianNetwork):
+            raise TypeError(
+                f"NeuralODE.sized_like takes a ConstrainedHamiltonianNetwork (the model to match), got "
+                f"{type(model).__name__}"
+            )
         dim = 2 * model.n
         depth = len(model.network.layers) - 1 if depth is None else int(depth)
         target = parameter_count(model)

@@ -29,8 +29,9 @@ from .._stability.feedback_field import feedback_field
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
 from ..internal import simplify
-from ..models._trajectories import Trajectories, cut_chunks
+from ..models._trajectories import cut_chunks
 from .._validate import positive_count
+from . import checks
 from .networks import ConstrainedHamiltonianNetwork, NeuralODE, trainable_filter
 
 _LOSSES = ("mae", "mse")
@@ -106,6 +107,7 @@ def rollout(
     *,
     substeps: int = 1,
     gains=None,
+    start_tol: float | None = checks.START_TOL,
 ) -> Float[Array, "steps+1 2n"]:
     """The model's prediction of a trajectory from the observed state `x0`: the states at
     t = 0, dt, …, steps·dt (the first is `x0`).
@@ -141,6 +143,12 @@ def rollout(
     - `method`: `"rk4"`, `"rattle"`, `"feedback"` or another method name.
     - `substeps`: integration steps per observation interval (step dt/substeps).
     - `gains`: the feedback gains for `method="feedback"`.
+    - `start_tol`: for a constrained network, x0 must lie on its constraint set, |g(q)| and
+      |G(q)·∂H/∂p| at most `start_tol`·(1 + max|x0|) (checked where x0 is known); None
+      skips the check (noisy observations).
+
+    A batch of starts, an x0 of another length, a dt that is not a positive finite
+    number are errors that say so.
 
     **Returns:** the observed states, shape `(steps + 1, 2n)`.
 
@@ -162,6 +170,9 @@ def rollout(
     steps = positive_count(steps)
     substeps = positive_count(substeps, "substeps")
     _check_method(model, method)
+    x0 = checks.one_state(model, x0, "rollout")
+    checks.step_size(dt, "rollout")
+    checks.starts_on_constraints(model, x0, start_tol, "rollout")
     to_canonical, from_canonical = _maps(model)
     xs = _canonical_run(model, to_canonical(jnp.asarray(x0)), steps, dt, method, substeps, gains)
     return jax.vmap(from_canonical)(xs)
@@ -264,20 +275,6 @@ def network_gains(model: ConstrainedHamiltonianNetwork, states, dt, *, method: s
     return np.asarray(recommended_gains(unit, canonical_states, float(dt), method))  # as in rollouts
 
 
-def _as_chunks(data, dt, chunk_length):
-    if isinstance(data, Trajectories):
-        dt = data.dt if dt is None else dt
-        return data.chunks(chunk_length), dt
-    xs = jnp.asarray(data, jnp.float64)
-    if dt is None:
-        raise TypeError("train needs dt= (the observation interval) when the data are an array of trajectories")
-    if xs.ndim != 3:
-        raise ValueError(
-            f"data must be Trajectories or an array of trajectories (B, T, 2n), got shape {tuple(xs.shape)}"
-        )
-    return cut_chunks(xs, chunk_length), dt
-
-
 def default_optimizer(updates: int, learning_rate: float = 3e-3, weight_decay: float = 1e-4):
     """Finzi, Wang and Wilson's (2020) optimizer: AdamW (learning rate 3·10⁻³, weight decay
     10⁻⁴) with the learning rate annealed to 0 on a cosine over `updates` steps."""
@@ -300,6 +297,7 @@ def train(
     loss: str = "mae",
     key: PRNGKeyArray,
     progress: bool | str = False,
+    start_tol: float | None = checks.START_TOL,
 ):
     """Train a model on observed trajectories by minimising the rollout loss with optax.
 
@@ -331,6 +329,12 @@ def train(
     - `loss`: `"mae"` (default) or `"mse"`.
     - `key`: a `jax.random` key for the order of the chunks.
     - `progress`: show a progress bar over epochs with the loss (a string labels it).
+    - `start_tol`: for a constrained network, every chunk's first observation must lie
+      on its constraint set (as for `rollout`); None skips the check (noisy data).
+
+    Empty data, non-finite observations (named: where), data observed in the other
+    convention than the network's, states of another length and a bad dt are errors that
+    say so, before anything is compiled.
 
     **Returns:** `(trained model, history)`, history a dict of numpy arrays with one
     entry per epoch: `"loss"` (the mean minibatch loss, before each step's update),
@@ -358,9 +362,11 @@ def train(
     substeps = positive_count(substeps, "substeps")
     epochs = positive_count(epochs, "epochs")
     batch_size = positive_count(batch_size, "batch_size")
-    chunks, dt = _as_chunks(data, dt, chunk_length)
-    if chunks.shape[-1] != _state_dim(model):
-        raise ValueError(f"the data's states have {chunks.shape[-1]} entries, the model's {_state_dim(model)}")
+    checks.convention(model, data, "train")
+    xs, dt = checks.trajectories(data, dt, "train")
+    checks.dimension(model, xs, "train")
+    chunks = cut_chunks(xs, chunk_length)
+    checks.starts_on_constraints(model, chunks[:, 0], start_tol, "train")
     count = chunks.shape[0]
     batch_size = min(batch_size, count)
     batches = count // batch_size
@@ -448,10 +454,6 @@ def train(
     return eqx.combine(params, static), history
 
 
-def _state_dim(model) -> int:
-    return model.dim if isinstance(model, NeuralODE) else 2 * model.n
-
-
 def _all_finite(tree):
     leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
@@ -494,6 +496,7 @@ def rollout_error(
     substeps: int = 1,
     gains=None,
     errors: bool = False,
+    start_tol: float | None = checks.START_TOL,
 ):
     """The geometric mean over a rollout of the relative state error, the accuracy
     measure of Finzi, Wang and Wilson (2020).
@@ -514,6 +517,7 @@ def rollout_error(
     - `method`, `substeps`, `gains`: the rollouts' integration, as for `rollout`
       (feedback gains default to `network_gains` at the trajectories' starts).
     - `errors`: also return the relative errors themselves, `(B, steps + 1)`.
+    - `start_tol`: the start check of `rollout`, on every trajectory's first observation.
 
     **Returns:** the geometric mean (a float), or `(mean, errors)` with `errors=True`.
 
@@ -529,14 +533,10 @@ def rollout_error(
 
     ```
     """
-    if isinstance(data, Trajectories):
-        xs, dt = data.xs, (data.dt if dt is None else dt)
-    else:
-        xs = jnp.asarray(data, jnp.float64)
-        if dt is None:
-            raise TypeError("rollout_error needs dt= when the data are an array of trajectories")
-    if xs.ndim != 3 or xs.shape[1] < 2:
-        raise ValueError(f"trajectories must have shape (B, T + 1, 2n) with T ≥ 1, got {tuple(xs.shape)}")
+    checks.convention(model, data, "rollout_error")
+    xs, dt = checks.trajectories(data, dt, "rollout_error")
+    checks.dimension(model, xs, "rollout_error")
+    checks.starts_on_constraints(model, xs[:, 0], start_tol, "rollout_error")
     steps = xs.shape[1] - 1 if steps is None else min(positive_count(steps), xs.shape[1] - 1)
     xs = xs[:, : steps + 1]
     _check_method(model, method)

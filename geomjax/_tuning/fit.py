@@ -708,6 +708,45 @@ def _listed(names) -> str:
 # The public function
 
 
+def _check_observations(data, batched: bool) -> None:
+    """NaN marks a missing observation; ±inf is an error (a unit or overflow problem), and
+    a dataset with no finite observation cannot be fitted: both named."""
+    infinite = np.argwhere(np.isinf(data))
+    if infinite.size:
+        where = ", ".join(
+            (f"dataset {d}, " if batched else "") + f"trajectory {b}, save {t}, entry {i}" for d, b, t, i in infinite[:3].tolist()
+        )
+        raise ValueError(
+            f"data hold {len(infinite)} infinite observations, the first at {where}: NaN marks a missing "
+            "observation, inf is not one (an overflow or a unit problem upstream); replace them by NaN to leave them out"
+        )
+    empty = [d for d in range(data.shape[0]) if not np.isfinite(data[d]).any()]
+    if empty:
+        which = f"datasets {empty}" if batched else "the data"
+        raise ValueError(
+            f"no finite observation in {which}: every observation is NaN (missing), so there is nothing to fit to"
+        )
+
+
+def _check_start_not_observed(data, x0s, observe, batched: bool) -> None:
+    """Data whose first save equals the observed start (to round-off), fitted as if it were
+    the state one save later (`start_observed=False`), give a biased fit with a `success`
+    status: refused, with the remedy."""
+    if observe is not None or data.shape[-1] != x0s.shape[-1]:
+        return
+    first = data[..., 0, :]
+    finite = np.isfinite(first)
+    if not finite.any():
+        return
+    close = np.abs(first - x0s)[finite] <= 1e-12 * (1.0 + np.abs(x0s)[finite])
+    if close.all():
+        raise ValueError(
+            "the first save of every trajectory equals its start x0: the data seem to include the start, but "
+            "start_observed=False fits data[:, 0] as the state one save after x0. Pass start_observed=True, "
+            "or drop the first save from the data"
+        )
+
+
 #: The keywords of `geomjax.integrate` that `fit` passes on to its runs (`**options`).
 _RUN_KEYWORDS = ("t0", "args", "drift_tol", "start_tol", "checkpoint")
 
@@ -913,6 +952,9 @@ def fit(
     runs = saves - (1 if start_observed else 0)
     if runs < 1:
         raise ValueError("data must have at least one observation after the start")
+    _check_observations(data, batched)
+    if not start_observed and x0_of is None:
+        _check_start_not_observed(data, x0s, observe, batched)
     # the weights have the data's shape whatever `noise` is: one compiled program for all
     if noise is None:
         weight = np.ones(data.shape)
