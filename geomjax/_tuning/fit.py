@@ -8,6 +8,7 @@ vectors), which gives the residuals r and their Jacobian J together. The optimis
 use that same (r, J), on the host in NumPy, batched over the datasets.
 """
 
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -53,7 +54,8 @@ _TRACED = (
 class FIT_RESULTS(eqx.Enumeration):  # pyright: ignore
     """How a `geomjax.fit` ended (`FitResult.result`).
 
-    Members: `successful`, `integration_failed`, `unidentifiable`, `not_converged`.
+    Members: `successful`, `integration_failed`, `unidentifiable`, `not_converged`,
+    `discretization_bias`.
     Compare with `==` (elementwise for a result with a datasets axis);
     `FIT_RESULTS[item]` is the sentence.
     `FitResult.message` adds the numbers (which runs failed and why, which combination of
@@ -74,6 +76,12 @@ class FIT_RESULTS(eqx.Enumeration):  # pyright: ignore
         "the optimiser stopped before the Gauss–Newton step from its last point was below tol "
         "standard errors, so the point is not an optimum and the standard errors, which assume "
         "one, are approximate"
+    )
+    discretization_bias = (
+        "the integrator's error at dt biases the fit: the same fit at dt/2 (twice the steps "
+        "between the same observations) moves a parameter by more than "
+        "`step_check_tol` standard errors. Fit with a smaller dt (save_every doubled) or a "
+        "method of higher order"
     )
 
 
@@ -519,6 +527,8 @@ class FitResult(eqx.Module):
     positive: tuple = eqx.field(static=True)
     optimizer: str = eqx.field(static=True)
     tol: float = eqx.field(static=True)
+    step_shift: np.ndarray | None = None
+    dt: float = eqx.field(static=True, default=0.0)
 
     @property
     def ok(self):
@@ -600,6 +610,16 @@ class FitResult(eqx.Module):
                     "depends on them separately"
                 )
             return ". ".join(lines)
+        if code == code_int(FIT_RESULTS.discretization_bias):
+            shift = np.asarray(self.step_shift)
+            worst = int(np.nanargmax(np.abs(shift)))
+            return (
+                f"discretization bias: refitted at dt/2 = {self.dt / 2:.4g}, {self.names[worst]} moves by "
+                f"{shift[worst]:+.3g} standard errors (tolerance {STEP_CHECK_TOL:g}): the integrator's error at "
+                f"dt = {self.dt:.4g} is as large as the data's noise allows to see, and biases the fit by about as "
+                "much. Fit with dt/2 and save_every doubled (or smaller), or a method of higher order; "
+                "step_check=False skips this check"
+            )
         if not bool(self.stalled):
             stop = f"after {int(self.iterations)} {self.optimizer} iterations"
         elif self.optimizer == "optax":
@@ -747,6 +767,38 @@ def _check_start_not_observed(data, x0s, observe, batched: bool) -> None:
         )
 
 
+#: The largest shift of a fitted parameter, in its standard errors, that refitting at dt/2
+#: may show before the fit is reported as biased by the integrator's error (`step_check`).
+STEP_CHECK_TOL = 0.3
+
+
+@eqx.filter_jit
+def _residuals_at(problem: _Problem, thetas, x0s, data, weight):
+    """(r, status codes) for each dataset: the residuals only (no Jacobian)."""
+    return jax.vmap(problem.residuals)(thetas, x0s, data, weight)
+
+
+def _step_shift(problem: _Problem, trace, dims, stats, positive):
+    """The shift of each fitted parameter, in its standard errors, that the runs at dt/2
+    ask for: δθ = −(JᵀJ)⁻¹Jᵀr_{h/2}(θ̂), J the Jacobian at the fit (the one of dt: its
+    change with dt is of higher order), mapped to the user's scale (δp = p·δθ for the
+    log-fitted ones). NaN where the runs at dt/2 failed or a parameter is unidentified."""
+    half = dataclasses.replace(problem, dt=problem.dt / 2, steps=2 * problem.steps, save_every=2 * problem.save_every)
+    r_half, codes = _residuals_at(half, jnp.asarray(trace.theta), *dims)
+    r_half, codes = np.asarray(r_half), np.asarray(codes)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        a = np.einsum("dni,dnj->dij", trace.J, trace.J)
+        g = np.einsum("dni,dn->di", trace.J, r_half)
+        try:
+            delta = -np.linalg.solve(a, g[..., None])[..., 0]
+        except np.linalg.LinAlgError:
+            delta = np.full(g.shape, np.nan)
+        delta_user = np.where(positive, stats["values"], 1.0) * delta
+        shift = delta_user / stats["se"]
+    failed = np.any(codes != 0, axis=-1) | ~np.all(np.isfinite(r_half), axis=-1)
+    return np.where(failed[:, None] | ~np.isfinite(shift), np.nan, shift)
+
+
 #: The keywords of `geomjax.integrate` that `fit` passes on to its runs (`**options`).
 _RUN_KEYWORDS = ("t0", "args", "drift_tol", "start_tol", "checkpoint")
 
@@ -770,6 +822,7 @@ def fit(
     start_observed: bool = False,
     throw: bool = True,
     progress: bool = False,
+    step_check: bool = True,
     **options,
 ) -> FitResult:
     r"""Fit physical parameters of a system to observed trajectories (nonlinear least squares).
@@ -857,6 +910,13 @@ def fit(
     - `throw`: raise `geomjax.FitError` (with the result in `.result`) when a fit did
       not succeed; False returns the result, whose `result` and `message` say why.
     - `progress`: print the loss at each iteration.
+    - `step_check`: after a successful fit, estimate how far the integrator's error at dt
+      moves it: one Gauss–Newton step from the fit with the residuals of runs at dt/2
+      (twice the steps between the same observations; one more run), in standard errors
+      of each parameter (`FitResult.step_shift`). Beyond `STEP_CHECK_TOL` = 0.3 the
+      result is `FIT_RESULTS.discretization_bias`, whose message says which parameter
+      moved and what to do. Data no integrator made (measurements, an exact solution)
+      are fitted with the integrator's error; this check sees it. False skips it.
     - `**options`: further keyword arguments of `geomjax.integrate` (`t0`, `args`,
       `drift_tol`, `start_tol`, `checkpoint`).
 
@@ -883,16 +943,20 @@ def fit(
     >>> def make(p):  # the Herglotz integrator of q̈ + αq̇ + q = 0
     ...     return geomjax.herglotz(geomjax.models.damped_oscillator(alpha=p["alpha"]).contact, order=2)
     >>> x0 = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # (q, p, z) of two runs
-    >>> run = dict(dt=0.2, save_every=2, observe=lambda x: x[:1])  # q at t = 0.4, 0.8, ..., 6
-    >>> # synthetic data: the predictions at α = 0.3 (max_steps=0 evaluates the guess only;
-    >>> # against data of zeros its residuals are the predictions), plus noise
-    >>> clean = geomjax.fit(make, {"alpha": 0.3}, x0, np.zeros((2, 15, 1)), max_steps=0, throw=False, **run)
+    >>> observe = lambda x: x[:1]  # q at t = 0.4, 0.8, ..., 6
+    >>> # synthetic data: the predictions at α = 0.3 by a fine run (max_steps=0 evaluates the
+    >>> # guess only; against data of zeros its residuals are the predictions), plus noise
+    >>> clean = geomjax.fit(make, {"alpha": 0.3}, x0, np.zeros((2, 15, 1)), max_steps=0, throw=False,
+    ...                     dt=0.025, save_every=16, observe=observe)
     >>> data = clean.residuals + 0.01 * np.random.default_rng(0).standard_normal((2, 15, 1))
-    >>> result = geomjax.fit(make, {"alpha": 0.1}, x0, data, **run)
+    >>> result = geomjax.fit(make, {"alpha": 0.1}, x0, data, dt=0.1, save_every=4, observe=observe)
     >>> result.message.split(" (")[0]
     'success: converged after 4 Levenberg–Marquardt iterations'
     >>> round(result.params["alpha"], 3), round(result.standard_errors["alpha"], 4)
-    (0.302, 0.0022)
+    (0.302, 0.0023)
+    >>> coarse = geomjax.fit(make, {"alpha": 0.1}, x0, data, dt=0.2, save_every=2, observe=observe, throw=False)
+    >>> bool(coarse.result == geomjax.FIT_RESULTS.discretization_bias)  # at dt = 0.2, α would move by 0.72 se
+    True
 
     ```
     """
@@ -998,6 +1062,11 @@ def fit(
         progress=progress,
     )
     stats = _statistics(trace, n_obs, np.asarray(layout.positive), bool(absolute_noise))
+    shift = None
+    if step_check and max_steps > 0:  # (max_steps=0 evaluates the guess: nothing was fitted)
+        shift = _step_shift(problem, trace, dims, stats, np.asarray(layout.positive))
+        biased = (stats["code"] == code_int(FIT_RESULTS.successful)) & np.any(np.abs(shift) > STEP_CHECK_TOL, axis=-1)
+        stats["code"] = np.where(biased, code_int(FIT_RESULTS.discretization_bias), stats["code"])
     one = (lambda a: a) if batched else (lambda a: a[0])
     result = FitResult(
         params=layout.unflatten(one(stats["values"])),
@@ -1020,6 +1089,8 @@ def fit(
         positive=layout.positive,
         optimizer="Levenberg–Marquardt" if optimizer is None else "optax",
         tol=float(tol),
+        step_shift=None if shift is None else one(shift),
+        dt=float(dt),
     )
     if throw and not np.all(result.ok):
         raise FitError(result.message, result)
