@@ -1,6 +1,6 @@
 """Run by CI's `wheel` job in a fresh venv with the built wheel installed (no checkout on
 the path): the installed package imports, has its version and data files, and runs the
-README's example."""
+README's example, and carries the LICENSE."""
 
 import importlib.metadata
 import pathlib
@@ -14,6 +14,10 @@ location = pathlib.Path(geomjax.__file__).resolve()
 assert "site-packages" in location.parts, f"geomjax imported from {location}, not from the installed wheel"
 assert importlib.metadata.version("geomjax") == geomjax.__version__
 assert (location.parent / "py.typed").is_file()
+# the license travels with the wheel (PEP 639: dist-info/licenses/LICENSE) and is named in its metadata
+files = [str(f) for f in importlib.metadata.files("geomjax")]
+assert any(f.endswith("licenses/LICENSE") for f in files), [f for f in files if "dist-info" in f]
+assert importlib.metadata.metadata("geomjax")["License-Expression"] == "Apache-2.0"
 
 
 def hamiltonian(x):

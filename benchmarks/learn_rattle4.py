@@ -16,7 +16,6 @@ Run: `python benchmarks/learn_rattle4.py [--links 2] [--train 24] [--epochs 300]
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp

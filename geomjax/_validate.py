@@ -231,12 +231,19 @@ def check_step_size(dt, name: str = "dt") -> None:
         raise ValueError(f"{name} must be a positive finite scalar, got {shown}")
 
 
+#: The most steps a run may take: its step counter is an int64.
+MAX_STEPS = 2**62
+
+
 def check_positive_step(dt, steps, save_every):
     check_step_size(dt)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if not isinstance(save_every, (int, np.integer)) or save_every < 1:
+    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+    for name, value in (("steps", steps), ("save_every", save_every)):
+        if value > MAX_STEPS:
+            raise ValueError(f"{name} must be at most 2**62 (the step counter is an int64), got {value!r}")
     if steps % save_every:
         raise ValueError(f"steps ({steps}) must be a multiple of save_every ({save_every})")
 

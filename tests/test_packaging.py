@@ -54,3 +54,15 @@ def test_min_versions_file_pins_the_lower_bounds():
     bounds = _lower_bounds()
     for name in ("jax", "jaxlib", "equinox", "diffrax", "optimistix", "lineax", "optax", "jaxtyping", "numpy"):
         assert pins.get(name) == bounds.get(name), (name, pins.get(name), bounds.get(name))
+
+
+def test_the_license_is_in_the_repository_and_declared_for_the_wheel():
+    """LICENSE exists, is the Apache-2.0 text, and pyproject ships it (PEP 639 fields; the
+    wheel's contents are checked by CI's wheel job, .ci/wheel_check.py)."""
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    text = (root / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0" in text
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]

@@ -73,6 +73,7 @@ from .._validate import (
     check_call_args,
     check_positive_step,
     check_run_options,
+    check_tolerance,
     checked_where_known,
     is_concrete,
     known,
@@ -827,8 +828,7 @@ def _as_accuracy_tol(accuracy_tol, adaptive: bool):
             "accuracy_tol checks fixed-step runs (a method name or a step); an adaptive diffrax "
             "solver controls its own error: pass rtol and atol instead"
         )
-    if is_concrete(accuracy_tol) and not (float(accuracy_tol) > 0):
-        raise ValueError(f"accuracy_tol must be positive (or None, no accuracy check), got {accuracy_tol!r}")
+    check_tolerance(accuracy_tol, "accuracy_tol", zero_ok=False, none_means="for no accuracy check")
     return accuracy_tol
 
 

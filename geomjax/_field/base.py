@@ -29,6 +29,19 @@ class AbstractField(AbstractMonitored):
     def __call__(self, x, t=0.0, args=None):
         return self.merge(self.rhs(t, self.split(x), args))
 
+    def __hash__(self):
+        # A field that holds arrays (gains, a target) is not hashable, and `jax.jit(field)`
+        # hashes the function it compiles: say what to do instead of JAX's bare TypeError.
+        try:
+            return super().__hash__()
+        except TypeError:
+            raise TypeError(
+                f"this {type(self).__name__} holds arrays (its gains, target or parameters), so it is not hashable "
+                "and jax.jit cannot take it as the function to compile: use equinox.filter_jit(field)(x), or "
+                "jax.jit(lambda x: field(x))(x), or pass the field as an argument of a function that jax.jit "
+                "compiles with equinox.filter_jit"
+            ) from None
+
 
 class SystemField(AbstractSystemMonitored, AbstractField):
     """Base of fields derived from a `geomjax.System`: pieces come from its structure.

@@ -37,6 +37,25 @@ def _require_real(out, what: str) -> None:
         )
 
 
+def _require_one_argument(fn, what: str, form: str, dim: int) -> None:
+    """A TypeError that says so where `fn` needs more than one positional argument: the
+    functions of a System take the flat state x (H(q, p), as textbooks write it, is the
+    usual slip)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: let tracing tell
+        return
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) > 1:
+        names = ", ".join(p.name for p in required)
+        n = dim // 2
+        raise TypeError(
+            f"{what} takes {len(required)} arguments ({names}), but geomjax calls it as {form} on the flat state "
+            f"x of length {dim}: for canonical coordinates x = (q, p), write it as def H(x): q, p = x[:{n}], x[{n}:] "
+            f"(or wrap yours: lambda x: H(x[:{n}], x[{n}:]))"
+        )
+
+
 def _check_user_functions(system) -> None:
     """Trace the user functions once on an abstract state (no values are computed): each
     must be traceable by JAX and return real values of the documented shape. Skipped
@@ -46,6 +65,7 @@ def _check_user_functions(system) -> None:
     if dim is None:
         return
     spec = jax.ShapeDtypeStruct((dim,), jnp.float64)
+    _require_one_argument(system.hamiltonian, "the hamiltonian", "H(x)", dim)
     out = trace_user_function(system.hamiltonian, spec, "the hamiltonian")
     _require_real(out, "the hamiltonian")
     if getattr(out, "shape", None) != ():
@@ -429,6 +449,11 @@ def _build(
 
 
 def _as_names(names) -> tuple:
+    if names is not None and not isinstance(names, str):
+        try:
+            names = tuple(names)  # once: a generator is consumed by the check below
+        except TypeError:
+            raise TypeError(f"names must be a sequence of strings, one per quantity of F = (constraints, H, integrals), got {names!r}") from None
     if names is None:
         return ()
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
