@@ -79,7 +79,7 @@ def test_layouts_agree_and_results_are_shaped_like_the_grid(sweeps):
     assert a.xs.shape == (2, 3, 4, 6) and a.invariant_error.shape == (2, 3, 4, 4) and a.constraint_error.shape == (2, 3, 4)
     np.testing.assert_array_equal(np.asarray(a.status), np.asarray(b.status))
     np.testing.assert_allclose(np.asarray(a.xs), np.asarray(b.xs), atol=1e-13, equal_nan=True)
-    assert a.final.shape == (2, 3, 6) and a.ok.dtype == bool
+    assert a.x_final.shape == (2, 3, 6) and a.ok.dtype == bool
 
 
 def cartesian_lagrangian(q, v):
@@ -190,7 +190,7 @@ def test_failing_members_keep_their_own_status():
     np.testing.assert_array_equal(np.asarray(result.result == R.successful), [True, False, False, True])
     np.testing.assert_array_equal(np.asarray(result.failed_step), [-1, 1, 0, -1])
     alone = geomjax.integrate(*member(2.0, x0), dt=0.01, steps=20, method="rk4")
-    np.testing.assert_allclose(np.asarray(result.final[3]), np.asarray(alone.xs[-1]), atol=1e-14)
+    np.testing.assert_allclose(np.asarray(result.x_final[3]), np.asarray(alone.xs[-1]), atol=1e-14)
     assert "off the constraint set" in result.message(2)
     # a non-finite start, even of the first member, is that member's status
     nan_first = geomjax.zipped(g=[1.0, 1.0], x0=np.stack([np.full(6, np.nan), x0]))
@@ -331,3 +331,15 @@ def test_multi_process_sweep_with_jax_distributed_equals_one_process():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "multi-process sweep equals the one-process sweep" in out.stdout
     assert "2 processes, 4 devices" in out.stdout
+
+
+def test_final_is_a_deprecated_alias_of_x_final():
+    import warnings
+
+    result = geomjax.sweep(lambda g: (geomjax.dirac_field(geomjax.models.spherical_pendulum(g=g).system),
+                                      geomjax.models.spherical_pendulum().x0), {"g": [1.0, 2.0]}, dt=0.01, steps=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = result.final
+    assert any(issubclass(w.category, DeprecationWarning) and "x_final" in str(w.message) for w in caught)
+    np.testing.assert_array_equal(np.asarray(old), np.asarray(result.x_final))

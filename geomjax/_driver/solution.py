@@ -131,6 +131,8 @@ class Solution(eqx.Module):
 
     @property
     def x_final(self):
+        """The last saved state, `(n,)` (or `(..., n)` under `vmap`); NaN if the run failed
+        before it. `SweepResult.x_final` is the same for a sweep."""
         return self.xs[..., -1, :]
 
     @property

@@ -2,6 +2,7 @@
 and saving with the sweep's definition."""
 
 import json
+import warnings
 import sys
 from collections import Counter
 
@@ -86,9 +87,17 @@ class SweepResult(eqx.Module):
         return cls(grid, ts, *(assemble(i) for i in range(6)), _definition_json(grid, definition))
 
     @property
-    def final(self):
-        """The final states, `G + (n,)` (NaN for members that failed)."""
+    def x_final(self):
+        """The final states, `G + (n,)` (NaN for members that failed): the name of
+        `Solution.x_final`."""
         return self.xs[..., -1, :]
+
+    @property
+    def final(self):
+        """Deprecated: `x_final` (one name with `Solution.x_final`)."""
+        warnings.warn("SweepResult.final is deprecated: use SweepResult.x_final (as Solution.x_final)",
+                      DeprecationWarning, stacklevel=2)
+        return self.x_final
 
     @property
     def ok(self):
