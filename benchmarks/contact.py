@@ -1,6 +1,6 @@
 """Derived contact (Herglotz) and forced Lagrange–d'Alembert steps vs the same maps by hand.
 
-The damped oscillator of seed 002 §3.1, L = ½v² − ½q² (− αz), F = −αv, α = 0.01, h = 0.001 (so
+The damped oscillator of Maciel, Ortiz and Schaerer (2020) §3.1, L = ½v² − ½q² (− αz), F = −αv, α = 0.01, h = 0.001 (so
 that 1e6 steps end at t = 1000 with the state ~1e−3: no subnormal numbers in the timing).
 Each variant runs in the same `lax.scan` over the state pieces (q, p, z) or (q, p):
 

@@ -1,4 +1,4 @@
-"""Autodiff-derived feedback field vs seed 000 eqs. (7)–(8) written by hand.
+"""Autodiff-derived feedback field vs Chang, Perlmutter and Vankerschaver (2022) eqs. (7)–(8) written by hand.
 
 Both fields run in the same `lax.scan` explicit-Euler loop on the (q, p) pieces, for one
 trajectory (1e5 steps) and for `vmap` over 1024 initial states (1e4 steps). Also times
@@ -69,7 +69,7 @@ def main(argv=None):
     model = geomjax.models.spherical_pendulum()
     x0 = model.x0
     xs = sphere_states(args.batch, jax.random.PRNGKey(0))
-    print("spherical pendulum, feedback field (seed 000 eqs. (7)-(8)), explicit Euler, h = 1e-3, k = 50")
+    print("spherical pendulum, feedback field (Chang, Perlmutter and Vankerschaver (2022) eqs. (7)-(8)), explicit Euler, h = 1e-3, k = 50")
     times = compare_fields(
         {
             "hand-written eqs. (7)-(8)": hand_field_wrap,

@@ -1,12 +1,12 @@
-"""Dirac integrators (seeds 003, 004): derived steps vs the same schemes written by hand.
+"""Dirac integrators (Salnikov and Hamdouni (2019), Hamdouni and Salnikov (2021)): derived steps vs the same schemes written by hand.
 
-Part 1, the pendulum in Cartesian coordinates (seed 003 §IV.A: L = m/2|v|² − m g y,
+Part 1, the pendulum in Cartesian coordinates (Salnikov and Hamdouni (2019) §IV.A: L = m/2|v|² − m g y,
 φ = x² + y² − ℓ², m = 1, g = 9.81, ℓ = 1, h = 1e-3), each variant in the same `lax.scan`
 over the state pieces:
 
 - Dirac-1, Dirac-2: `geomjax.dirac1/dirac2(L, holonomic=phi).advance` (everything from
   autodiff of L and φ; the equations are found affine and solved by one linear solve)
-  against seed 003 eq. (7) solved by hand (λ = q·(p − h m g e_y)/|q|², q̃ = …);
+  against Salnikov and Hamdouni (2019) eq. (7) solved by hand (λ = q·(p − h m g e_y)/|q|², q̃ = …);
 - Dirac–RK (Gauss, 2 stages): `geomjax.dirac_rk(L, "gauss", 2, holonomic=phi).advance`
   against the stage equations written by hand for this L and φ, solved by simplified
   Newton (the Jacobian at the guess inverted once, by the same unrolled elimination) with
@@ -49,7 +49,7 @@ def phi(q):
 
 
 def _eq7_velocity(q, p):
-    """q̃ from seed 003 eq. (7): m q̃ = p − h m g e_y − λ q with q·q̃ = 0."""
+    """q̃ from Salnikov and Hamdouni (2019) eq. (7): m q̃ = p − h m g e_y − λ q with q·q̃ = 0."""
     b = p - jnp.array([0.0, H * M * G])
     lam = (q @ b) / (q @ q)
     return (b - lam * q) / M

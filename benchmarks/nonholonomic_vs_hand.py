@@ -1,6 +1,6 @@
 """Autodiff-derived nonholonomic feedback field vs the same field written by hand.
 
-The knife edge on an inclined plane (seed 001 §3.2, `geomjax.models.knife_edge`):
+The knife edge on an inclined plane (Chang and Perlmutter (2019) §3.2, `geomjax.models.knife_edge`):
 geomjax derives J, C, H_ext, λ and ∇V from H and ω(q) = (sin φ, −cos φ, 0) by autodiff;
 the hand-written field below is the same extension worked out on paper. Both run in the
 same `lax.scan` explicit-Euler loop on the (q, p) pieces, for one trajectory (1e5 steps)

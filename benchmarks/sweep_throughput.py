@@ -20,7 +20,7 @@ Rows (all measured in the same run; ratios are against the first row, measured h
   layout before rows) with 8, and "auto" (what it picks for the problem on this backend is
   printed above its table); the whole call is timed (building the members, the start
   check, the loop, the per-member status and drift errors, assembling the `SweepResult`).
-- hand, component / hand, batch (pendulum Euler only): seed 000 eqs. (7)–(8) (m = g = 1,
+- hand, component / hand, batch (pendulum Euler only): Chang, Perlmutter and Vankerschaver (2022) eqs. (7)–(8) (m = g = 1,
   k1..k4 = K) written on six arrays q1, q2, q3, p1, p2, p3 of shape (B,) in plain scalar
   arithmetic, explicit Euler in a `lax.scan`; "component" runs it on the (B,) arrays,
   "batch" `vmap`s it over the rows of a (B, 6) state. No status, no checks.
@@ -192,7 +192,7 @@ def hand_targets(q1, q2, q3, p1, p2, p3):
 
 
 def hand_euler_step(state, targets, h):
-    """One explicit Euler step of seed 000 eqs. (7)–(8), m = g = 1, k1..k4 = K, on the six
+    """One explicit Euler step of Chang, Perlmutter and Vankerschaver (2022) eqs. (7)–(8), m = g = 1, k1..k4 = K, on the six
     scalars (or six arrays of members) of the state; plain arithmetic, no stacking."""
     q1, q2, q3, p1, p2, p3 = state
     f10, f20, h0, j0 = targets

@@ -508,7 +508,7 @@ def variant_loss(case, per_member=True, layout="auto"):
 
 
 def hand_pendulum_loss(steps, checkpoint, step_checkpoint=True, method="euler"):
-    """The spherical pendulum's feedback field (seed 000 eqs. (7)–(8), m = g = 1, gains
+    """The spherical pendulum's feedback field (Chang, Perlmutter and Vankerschaver (2022) eqs. (7)–(8), m = g = 1, gains
     k1..k4 = e^θ, as the tuner's vector gains) by hand on six (B,) arrays, explicit Euler or
     classical RK4 (`method`) in `lax.scan`, saves every N/10 steps, each block and each step
     under `jax.checkpoint` as the driver does, and the mean over the members of log₁₀ RMS
