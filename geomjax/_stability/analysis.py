@@ -70,6 +70,12 @@ def stability_interval(method: str) -> float:
     2, 3, 4: 1, 6/11, 3/10; A-stable implicit methods: ∞ (reported when the radius stays
     ≤ 1 up to z = 10⁴).
 
+    **Arguments:**
+
+    - `method`: a fixed-step method name of `geomjax.integrate` (`"euler"`, `"rk4"`, …).
+
+    **Returns:** β, a float (`inf` for methods stable on the whole negative real axis).
+
     Example:
 
     ```python
@@ -102,6 +108,13 @@ def feedback_rate(field, x: Float[ArrayLike, " n"]) -> Float[Array, ""]:
     On the invariant set (F = F₀) the Hessian is DFᵀKDF (+ the embedded groups' k₀ term),
     linear in the gains K; explicit methods are stable there for h·λ_max ≤ β
     (`stability_interval`). Differentiable in the field's gains and metric.
+
+    **Arguments:**
+
+    - `field`: a feedback field (`geomjax.feedback_field`, or its `.adaptive(dt)`).
+    - `x`: a flat state, on the invariant set for the bound to mean what it says.
+
+    **Returns:** λ_max, a scalar array.
 
     Example:
 
@@ -175,6 +188,8 @@ def _rates(field, x0s):
 class GainCheck(eqx.Module):
     """What `check_gains` found: rates at the initial states and where the gains stand.
 
+    **Fields:**
+
     - `feedback_rate`: the largest λ_max(L∇²V) over the initial states.
     - `dynamics_rate`: the largest ‖DX‖₂ over them.
     - `bound`: the method's stability interval β (`stability_interval`), ∞ if A-stable.
@@ -233,6 +248,16 @@ def check_gains(
     a non-finite x0 or rates that are not finite there are a ValueError (never a check
     that finds nothing wrong).
 
+    **Arguments:**
+
+    - `field`: a feedback field.
+    - `x0`: one flat initial state `(n,)` or a batch `(B, n)`.
+    - `dt`, `method`: the step and the fixed-step method.
+    - `warn`: issue the `FeedbackAccuracyWarning` (the message is in `messages` either way).
+
+    **Returns:** a `geomjax.GainCheck` (`feedback_rate`, `dynamics_rate`, `bound`,
+    `stability_fraction`, `recommended_scale`, `messages`).
+
     Example:
 
     ```python
@@ -283,6 +308,14 @@ def recommended_gains(
     """The field's gains scaled by the rule of thumb of `check_gains`: h·λ_max(L∇²V) = 1
     for first-order methods, λ_max = ‖DX‖/10 (within half the stability interval) for
     higher orders. The relative weights of the gains are kept (λ_max is linear in K).
+
+    **Arguments:**
+
+    - `field`: a feedback field whose gains set the relative weights.
+    - `x0`: one flat state `(n,)` or a batch `(B, n)`: the largest rates over them count.
+    - `dt`, `method`: the step and the fixed-step method the field will be run with.
+
+    **Returns:** the gains, shaped like the field's (a NumPy array).
 
     Example:
 

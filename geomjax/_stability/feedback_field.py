@@ -69,6 +69,10 @@ def feedback_field(
       `None` builds the field from an x0 off the set on purpose. F₀ = F(x0) then holds
       a holonomic system on the level g = g(x0), not on g = 0 (give `target=` to pull it
       onto the set); a nonholonomic J and an embedded group's defect are pulled to 0.
+    - `dt`: the step the field will be run with, to choose the gains when `gains` is
+      None (`geomjax.recommended_gains`: h·λ_max(L∇²V) = 1 for first-order methods,
+      λ_max = ‖DX‖/10 for higher orders); a `ChosenGainsWarning` says what was chosen.
+    - `method`: the fixed-step method the gains are chosen for (default `"euler"`).
 
     **Returns:**
 
