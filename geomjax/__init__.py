@@ -10,7 +10,7 @@ from ._system.bracket import bracket as bracket
 from ._field.hamiltonian import hamiltonian_vector_field as hamiltonian_vector_field
 from ._field.dirac import DiracField as DiracField, constraint_matrix as constraint_matrix, dirac_field as dirac_field
 from ._field.feedback import AdaptiveFeedbackField as AdaptiveFeedbackField, FeedbackField as FeedbackField
-from ._stability.feedback_field import ChosenGainsWarning as ChosenGainsWarning, feedback_field as feedback_field
+from ._tuning.feedback_field import ChosenGainsWarning as ChosenGainsWarning, feedback_field as feedback_field
 from ._stability.analysis import (
     FeedbackAccuracyWarning as FeedbackAccuracyWarning,
     GainCheck as GainCheck,

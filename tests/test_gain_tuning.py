@@ -290,3 +290,57 @@ def test_no_wrong_objective_when_every_training_run_fails():
     with pytest.warns(RuntimeWarning, match="no gains at which every training run succeeded"):
         tuned = geomjax.tune_gains(Y, off, dt=1e-2, steps=10, iterations=1)
     assert tuned.objective_after == np.inf and np.all(tuned.history["failed"] == 2)
+
+
+def _released_near_the_top():
+    return geomjax.models.planar_chain(2, gravity=9.81, angles=jnp.array([3.0, 3.0]), angular_velocities=jnp.zeros(2))
+
+
+def test_gains_chosen_from_dt_hold_along_the_motion_not_only_at_x0():
+    """A double pendulum released at rest near the top: the rates at x0 (no velocity) are
+    far below those at the bottom of its swing, so gains chosen at x0 alone let feedback
+    Euler at h = 3e−4 leave the constraint set at t = 1.44; chosen along the pilot run
+    (the default) the same 3·10⁴ steps succeed, and the warning says where they came from."""
+    import warnings
+
+    model = _released_near_the_top()
+    runs = {}
+    for pilot in (0, 30_000):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            field = geomjax.feedback_field(model.system, model.x0, dt=3e-4, pilot_steps=pilot)
+        runs[pilot] = (field, str(caught[0].message))
+    alone = geomjax.integrate(runs[0][0], model.x0, dt=3e-4, steps=30_000, method="euler", save_every=100, throw=False)
+    along = geomjax.integrate(runs[30_000][0], model.x0, dt=3e-4, steps=30_000, method="euler", save_every=100, throw=False)
+    assert not bool(alone.ok) and bool(along.ok), (alone.message, along.message)
+    assert float(jnp.max(runs[30_000][0].gains)) < 0.7 * float(jnp.max(runs[0][0].gains))
+    assert "at the stiffest of" in runs[30_000][1] and "at x0 alone K would be" in runs[30_000][1]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("name", ["double pendulum", "cart double pendulum", "3-link chain", "knife edge"])
+def test_automatic_gains_hold_over_ten_thousand_steps(name):
+    """The four systems of the first-hour report, gains chosen from dt = 1e−4 alone, 10⁴
+    feedback-Euler steps: success."""
+    g = 9.81
+    if name == "cart double pendulum":
+        def hamiltonian(x):
+            q, p = x[:6], x[6:]
+            return 0.5 * p @ p + g * (q[3] + q[5])
+
+        def rails_and_rods(q):
+            c, a, b = q[0:2], q[2:4], q[4:6]
+            return jnp.array([c[1], 0.5 * (jnp.sum((a - c) ** 2) - 1.0), 0.5 * (jnp.sum((b - a) ** 2) - 1.0)])
+
+        system = geomjax.System(hamiltonian, geomjax.canonical(6), holonomic=rails_and_rods)
+        a = jnp.array([jnp.sin(1.2), -jnp.cos(1.2)])
+        x0 = jnp.concatenate([jnp.zeros(2), a, a + jnp.array([jnp.sin(-0.8), -jnp.cos(-0.8)]), jnp.zeros(6)])
+    else:
+        model = {"double pendulum": _released_near_the_top,
+                 "3-link chain": lambda: geomjax.models.planar_chain(3, gravity=g, angles=jnp.array([1.2, -0.5, 0.8])),
+                 "knife edge": geomjax.models.knife_edge}[name]()
+        system, x0 = model.system, model.x0
+    with pytest.warns(geomjax.ChosenGainsWarning):
+        field = geomjax.feedback_field(system, x0, dt=1e-4)
+    sol = geomjax.integrate(field, x0, dt=1e-4, steps=10_000, method="euler", save_every=100, throw=False)
+    assert bool(sol.ok), sol.message

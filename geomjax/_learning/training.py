@@ -25,7 +25,7 @@ from .._driver.loop import saved_states
 from .._field.base import as_field
 from .._field.dirac import dirac_field
 from .._stability.analysis import recommended_gains
-from .._stability.feedback_field import feedback_field
+from .._tuning.feedback_field import feedback_field
 from .._step.methods import build_step, method_names
 from .._step.rattle import rattle
 from .._step.splitting import triple_jump

@@ -1,5 +1,6 @@
 """`geomjax.feedback_field`: the feedback field of a system, with gains given or chosen
-for a step size (by the stability analysis of `geomjax._stability.analysis`)."""
+for a step size (by the stability analysis of `geomjax._stability.analysis`, along a pilot
+run of the driver: so above both)."""
 
 import warnings
 from collections.abc import Callable
@@ -12,8 +13,17 @@ from .._field.feedback import AbstractFeedbackField, holonomic_feedback_field
 from .._field.nonholonomic import nonholonomic_feedback_field
 from .._monitored import START_TOL
 from .._system.system import NonholonomicSystem, System
-from .._validate import check_tolerance, is_concrete
-from .analysis import recommended_field
+from .._validate import check_tolerance, is_concrete, positive_count
+from .._driver.integrate import integrate
+from .._stability.analysis import recommended_field, without_feedback
+
+
+#: The default horizon, in steps of dt, of the pilot run along which `feedback_field(...,
+#: dt=h)` chooses its gains (the double pendulum, a cart double pendulum and a 3-link chain
+#: with gains chosen at x0 alone failed within 600–8000 Euler steps at h = 10⁻³).
+PILOT_STEPS = 10_000
+#: States saved along the pilot run (besides x0), where the rates are measured.
+_PILOT_SAVES = 100
 
 
 def feedback_field(
@@ -26,6 +36,7 @@ def feedback_field(
     start_tol: float | None = START_TOL,
     dt: float | None = None,
     method: str = "euler",
+    pilot_steps: int = PILOT_STEPS,
 ) -> AbstractFeedbackField:
     """The feedback-integrator field Y = X − L∇V of Chang, Perlmutter and Vankerschaver (2022) §2.2.
 
@@ -73,6 +84,10 @@ def feedback_field(
       None (`geomjax.recommended_gains`: h·λ_max(L∇²V) = 1 for first-order methods,
       λ_max = ‖DX‖/10 for higher orders); a `ChosenGainsWarning` says what was chosen.
     - `method`: the fixed-step method the gains are chosen for (default `"euler"`).
+    - `pilot_steps`: the gains chosen from `dt` must stay stable along the motion, not only
+      at x0 (the rates grow with the velocities): they are chosen at the stiffest of the
+      states of a pilot run from x0 over `pilot_steps`·dt (the field without feedback, RK4
+      at 10·dt, 100 states saved, x0 included). 0 chooses them at x0 alone.
 
     **Returns:**
 
@@ -96,7 +111,8 @@ def feedback_field(
 
     ```
 
-    Without gains, chosen for the step (h·λ_max(L∇²V) = 1 with Euler):
+    Without gains, chosen for the step (h·λ_max(L∇²V) = 1 with Euler, at the stiffest state
+    along the motion):
 
     ```python
     >>> import geomjax, warnings
@@ -105,9 +121,9 @@ def feedback_field(
     ...     warnings.simplefilter("always")
     ...     Y = geomjax.feedback_field(model.system, model.x0, dt=1e-3)
     >>> print(caught[0].message)
-    feedback_field: no gains given, chose K = 185.6 (all 4 entries of F) for dt = 0.001 with 'euler' (h·λ_max(L∇²V) = 1 at x0, stability bound 2; geomjax.recommended_gains); pass gains= to choose them yourself
-    >>> round(1e-3 * float(geomjax.feedback_rate(Y, model.x0)), 6)
-    1.0
+    feedback_field: no gains given, chose K = 158.1 (all 4 entries of F) for dt = 0.001 with 'euler' (h·λ_max(L∇²V) = 1 at the stiffest of 101 states along a pilot run from x0 to t = 10 (the field without feedback, RK4 at 10·dt; pilot_steps=10000); at x0 alone K would be 185.6, stability bound 2; geomjax.recommended_gains); pass gains= to choose them yourself
+    >>> round(1e-3 * float(geomjax.feedback_rate(Y, model.x0)), 2)  # below 1 at x0: 1 where the motion is stiffest
+    0.85
 
     ```
     """
@@ -123,7 +139,7 @@ def feedback_field(
                 "have K chosen for that step by geomjax.recommended_gains"
             )
         unit = feedback_field(system, x0, 1.0, metric, target=target, start_tol=start_tol)
-        return _with_chosen_gains(unit, x0, dt, method)
+        return _with_chosen_gains(unit, x0, dt, method, positive_count(pilot_steps, "pilot_steps") if pilot_steps else 0)
     if isinstance(system, NonholonomicSystem):
         # F = (J, H_ext, integrals) on the extended nonholonomic field (Chang and Perlmutter (2019)).
         return nonholonomic_feedback_field(system, x0, gains, metric, target=target, start_tol=start_tol)
@@ -137,9 +153,24 @@ class ChosenGainsWarning(UserWarning):
         super().__init__(message)
 
 
-def _with_chosen_gains(unit, x0, dt, method):
+def _pilot_states(unit, x0, dt, steps: int):
+    """x0 and the states along the motion from it: the field without feedback (the Dirac
+    or extended field, which keeps F) by RK4 at step 10·dt over `steps`·dt, `_PILOT_SAVES`
+    of them; the finite ones (a pilot that blows up gives what it had)."""
+    coarse = max(steps // 10, 1)
+    saves = min(_PILOT_SAVES, coarse)
+    every = coarse // saves
+    plain = without_feedback(unit)
+    sol = integrate(plain, x0, dt=10.0 * float(dt), steps=saves * every, save_every=every, method="rk4",
+                    drift_tol=None, start_tol=None, throw=False)
+    xs = np.asarray(sol.xs)
+    return xs[np.all(np.isfinite(xs), axis=1)], saves * every * 10.0 * float(dt)
+
+
+def _with_chosen_gains(unit, x0, dt, method, pilot_steps: int):
     """`unit` (a feedback field with gains 1) with its gains scaled by the rule of
-    `geomjax.recommended_gains` for step `dt` and `method`, and a `ChosenGainsWarning`."""
+    `geomjax.recommended_gains` for step `dt` and `method` at the stiffest state of a pilot
+    run from x0 (`_pilot_states`), and a `ChosenGainsWarning` that says so."""
     traced = (
         "feedback_field(system, x0, dt=h) chooses the gains from numbers it computes at x0 (λ_max(L∇²V), ‖DX‖), "
         "which are traced here: x0, dt or a value the system's functions close over is a tracer (inside jit, grad "
@@ -151,7 +182,15 @@ def _with_chosen_gains(unit, x0, dt, method):
     if not is_concrete((x0, dt)):
         raise ValueError(traced)
     try:
-        field, check = recommended_field(unit, x0, dt, method)
+        at_x0 = recommended_field(unit, x0, dt, method)
+        field, check = at_x0
+        where = "at x0"
+        if pilot_steps:
+            states, horizon = _pilot_states(unit, x0, dt, pilot_steps)
+            field, check = recommended_field(unit, states, dt, method)
+            where = (f"at the stiffest of {len(states)} states along a pilot run from x0 to t = {horizon:.4g} "
+                     f"(the field without feedback, RK4 at 10·dt; pilot_steps={pilot_steps}); at x0 alone "
+                     f"K would be {float(np.max(np.asarray(at_x0[0].gains))):.4g}")
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:  # a traced closed-over value
         raise ValueError(traced) from err
     k = np.asarray(field.gains)
@@ -164,7 +203,7 @@ def _with_chosen_gains(unit, x0, dt, method):
         shown += f", k₀ = {float(field.embedding_gain):.4g}"
     warnings.warn(
         f"feedback_field: no gains given, chose {shown} for dt = {float(dt):.4g} with {method!r} "
-        f"(h·λ_max(L∇²V) = {float(dt) * check.feedback_rate * check.recommended_scale:.3g} at x0, "
+        f"(h·λ_max(L∇²V) = {float(dt) * check.feedback_rate * check.recommended_scale:.3g} {where}, "
         f"stability bound {check.bound:.4g}; geomjax.recommended_gains); pass gains= to choose them yourself",
         ChosenGainsWarning,
         stacklevel=3,
