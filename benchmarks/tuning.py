@@ -157,7 +157,7 @@ class Case:
         extra = (kind, False, 0.9, bound)
 
         def loss(theta, states, refs):
-            return _penalised(obj, field, theta, states, states, refs, *extra)
+            return _penalised(obj, field, theta, (states, states, refs), extra)
 
         self.loss = loss
         self.forward = jax.jit(loss)
@@ -788,7 +788,7 @@ def modes_section(probs, configs, repeat):
         states = problem.states(batch, jax.random.PRNGKey(0))
         refs = obj.references(field, states)
         extra = ("scalar", False, 0.9, geomjax.stability_interval(problem.method))
-        args = (obj, field, theta, states, states, refs, *extra)
+        args = (obj, field, theta, (states, states, refs), extra)
         forward = eqx.filter_jit(_penalised)
         (_, f_run, _), (_, fm_run, fm), (_, rm_run, rm) = interleaved(
             [forward, _loss_and_grad_forward, _loss_and_grad], args, repeat)

@@ -196,18 +196,23 @@ def _rate_of(field, states):
     return jnp.max(jax.vmap(lambda x: feedback_rate(field.at_start(field.split(x)), x))(states))
 
 
-def _feasible(field, theta, train, kind, metric, stability, bound, dt):
+def _feasible(field, theta, train, problem, dt):
     """The field for θ, its gains scaled onto h·λ_max = stability·β where they exceed it
     at a training state (the constraint inside the parametrisation: the gradient sees
-    it, so raising every gain at once changes nothing and changing their ratios does)."""
+    it, so raising every gain at once changes nothing and changing their ratios does).
+    `problem` is `(kind, metric, stability, bound)`."""
+    kind, metric, stability, bound = problem
     tuned = _with_theta(field, theta, kind, metric)
     if not math.isfinite(bound):
         return tuned
     return scale_gains(tuned, jnp.minimum(1.0, stability * bound / (dt * _rate_of(tuned, train))))
 
 
-def _penalised(obj, field, theta, train, states, refs, kind, metric, stability, bound):
-    values, ok = obj.members(_feasible(field, theta, train, kind, metric, stability, bound, dict(obj.run)["dt"]), states, refs)
+def _penalised(obj, field, theta, data, problem):
+    """The objective of the members (`data` = (training states, states, references)),
+    failed members penalised, and the number that failed."""
+    train, states, refs = data
+    values, ok = obj.members(_feasible(field, theta, train, problem, dict(obj.run)["dt"]), states, refs)
     # A failed member counts as the worst finite one plus two decades (no gradient); with
     # every member failed there is nothing to compare with: the objective is inf.
     worst = jax.lax.stop_gradient(jnp.max(jnp.where(ok, values, -jnp.inf)))
@@ -262,8 +267,9 @@ def _differentiation(mode: str, theta, field, method, x0) -> str:
 
 
 @eqx.filter_jit
-def _held_out(obj, field, theta, train, states, refs, kind, metric, stability, bound):
-    return obj.members(_feasible(field, theta, train, kind, metric, stability, bound, dict(obj.run)["dt"]), states, refs)
+def _held_out(obj, field, theta, data, problem):
+    train, states, refs = data
+    return obj.members(_feasible(field, theta, train, problem, dict(obj.run)["dt"]), states, refs)
 
 
 _rate_at = eqx.filter_jit(lambda field, theta, states, kind, metric: _rate_of(_with_theta(field, theta, kind, metric), states))
@@ -538,7 +544,7 @@ def tune_gains(
     history = {"objective": [], "gains": [], "stability_fraction": [], "failed": [], "skipped": []}
     current, thetas = theta, []
     for it in range(iterations + 1):
-        (value, failed), grad = loss_and_grad(obj, field, current, x0s, x0s, refs, *problem)
+        (value, failed), grad = loss_and_grad(obj, field, current, (x0s, x0s, refs), problem)
         history["objective"].append(float(value))
         history["gains"].append(np.asarray(_with_theta(field, current, kind, tune_metric).gains))
         history["stability_fraction"].append(frac)
@@ -566,7 +572,7 @@ def tune_gains(
         held_refs = obj.references(field, held)
         held_before, held_failed = [], []
         for t in (theta, tuned_theta):
-            values, ok = _held_out(obj, field, t, x0s, held, held_refs, *problem)
+            values, ok = _held_out(obj, field, t, (x0s, held, held_refs), problem)
             failed = int(np.sum(~np.asarray(ok)))
             held_before.append(math.inf if failed else float(np.mean(np.asarray(values))))
             held_failed.append(failed)

@@ -86,7 +86,7 @@ class RodHamiltonian(eqx.Module):
         return energy
 
 
-def _network_model(name, points, momenta, masses, edges, lengths, pins, params, pairs=None, radius=1.0):
+def _network_model(name, points, momenta, masses, edges, lengths, pins, params, *, pairs=None, radius=1.0):
     n, dim = points.shape
     pins = np.asarray(pins, np.int64).reshape(-1)
     anchors = points[pins] if pins.size else jnp.zeros((0, dim))
@@ -291,4 +291,4 @@ def water_box(n_side: int = 4, *, spacing: float = 3.0, seed: int = 0, repulsion
     oxygens = 3 * np.arange(len(centres))
     a, b = np.triu_indices(len(centres), 1)
     pairs = np.stack([oxygens[a], oxygens[b]], axis=1)
-    return _network_model("water_box", jnp.asarray(points), momenta, masses, edges, lengths, [], params, pairs, radius)
+    return _network_model("water_box", jnp.asarray(points), momenta, masses, edges, lengths, [], params, pairs=pairs, radius=radius)
