@@ -235,3 +235,19 @@ def test_spatial_chain_data_and_feedback_training():
     assert history["loss"][-1] < history["loss"][0]
     rattle = geomjax.rollout(model, data.xs[0, 0], 100, data.dt, "rattle")
     assert float(jnp.abs(jax.vmap(data.constraints)(rattle[:, :6])).max()) < 1e-12
+
+
+def test_rollout_error_gives_both_measures_of_the_paper():
+    """denominator="norms" and aggregate="arithmetic" against a hand computation."""
+    data = geomjax.chain_trajectories(1, 3, steps=6, key=jax.random.key(0))
+    net = geomjax.ConstrainedHamiltonianNetwork(2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    _, rel = geomjax.rollout_error(net, data, errors=True)
+    predicted = jax.vmap(lambda x: geomjax.rollout(net, x, 6, data.dt))(data.xs[:, 0])
+    xs, pr = np.asarray(data.xs), np.asarray(predicted)
+    norms = np.linalg.norm(pr - xs, axis=-1) / (np.linalg.norm(pr, axis=-1) + np.linalg.norm(xs, axis=-1))
+    expected = np.mean(np.exp(np.mean(np.log(norms[:, 1:]), axis=1)))
+    got = geomjax.rollout_error(net, data, denominator="norms", aggregate="arithmetic")
+    assert abs(got - expected) <= 1e-12 * expected
+    np.testing.assert_allclose(rel, np.linalg.norm(pr - xs, axis=-1) / np.linalg.norm(pr + xs, axis=-1), rtol=1e-12)
+    with pytest.raises(ValueError, match="aggregate must be one of"):
+        geomjax.rollout_error(net, data, aggregate="median")

@@ -479,10 +479,13 @@ def _progress_bar(total: int, progress):
     return tqdm(total=total, desc=desc, unit="epoch", leave=True, file=sys.stderr)
 
 
-def relative_error(predicted: Float[ArrayLike, "... d"], true: Float[ArrayLike, "... d"]) -> Float[Array, "..."]:
+def relative_error(
+    predicted: Float[ArrayLike, "... d"], true: Float[ArrayLike, "... d"], denominator: str = "sum"
+) -> Float[Array, "..."]:
     """‖x̂ − x‖ / ‖x̂ + x‖ along the last axis: the relative state error of Finzi, Wang and
     Wilson (2020), as their evaluation computes it (the denominator is the norm of the
-    sum, which lies between |‖x̂‖ − ‖x‖| and ‖x̂‖ + ‖x‖).
+    sum, which lies between |‖x̂‖ − ‖x‖| and ‖x̂‖ + ‖x‖); with `denominator="norms"`,
+    ‖x̂ − x‖ / (‖x̂‖ + ‖x‖), the measure of their published figures.
 
     Example:
 
@@ -494,7 +497,17 @@ def relative_error(predicted: Float[ArrayLike, "... d"], true: Float[ArrayLike, 
     ```
     """
     predicted, true = jnp.asarray(predicted), jnp.asarray(true)
-    return jnp.linalg.norm(predicted - true, axis=-1) / jnp.linalg.norm(predicted + true, axis=-1)
+    if denominator not in _DENOMINATORS:
+        raise ValueError(f"denominator must be one of {_DENOMINATORS}, got {denominator!r}")
+    if denominator == "sum":
+        below = jnp.linalg.norm(predicted + true, axis=-1)
+    else:
+        below = jnp.linalg.norm(predicted, axis=-1) + jnp.linalg.norm(true, axis=-1)
+    return jnp.linalg.norm(predicted - true, axis=-1) / below
+
+
+_DENOMINATORS = ("sum", "norms")
+_AGGREGATES = ("geometric", "arithmetic")
 
 
 def rollout_error(
@@ -508,6 +521,8 @@ def rollout_error(
     gains=None,
     errors: bool = False,
     start_tol: float | None = checks.START_TOL,
+    denominator: str = "sum",
+    aggregate: str = "geometric",
 ):
     """The geometric mean over a rollout of the relative state error, the accuracy
     measure of Finzi, Wang and Wilson (2020).
@@ -529,6 +544,12 @@ def rollout_error(
       (feedback gains default to `network_gains` at the trajectories' starts).
     - `errors`: also return the relative errors themselves, `(B, steps + 1)`.
     - `start_tol`: the start check of `rollout`, on every trajectory's first observation.
+    - `denominator`: `"sum"` (‖x̂ + x‖, their evaluation code, the default) or `"norms"`
+      (‖x̂‖ + ‖x‖, their published figures); see `relative_error`.
+    - `aggregate`: each trajectory's errors are averaged geometrically over t = 1 … T;
+      then `"geometric"` (the default: the geometric mean over trajectories too, the
+      formula above) or `"arithmetic"` (the arithmetic mean of the trajectories'
+      geometric means, as their figures average trajectories).
 
     **Returns:** the geometric mean (a float), or `(mean, errors)` with `errors=True`.
 
@@ -555,8 +576,11 @@ def rollout_error(
     if method == "feedback" and gains is None:
         gains = network_gains(model, xs[:, 0], dt / substeps)
     predicted = _predicted(model, xs, dt, method, substeps, gains)
-    rel = np.asarray(relative_error(predicted, xs))
-    mean = float(np.exp(np.mean(np.log(rel[:, 1:]))))
+    if aggregate not in _AGGREGATES:
+        raise ValueError(f"aggregate must be one of {_AGGREGATES}, got {aggregate!r}")
+    rel = np.asarray(relative_error(predicted, xs, denominator))
+    per_trajectory = np.exp(np.mean(np.log(rel[:, 1:]), axis=1))
+    mean = float(np.exp(np.mean(np.log(per_trajectory))) if aggregate == "geometric" else np.mean(per_trajectory))
     return (mean, rel) if errors else mean
 
 
