@@ -41,6 +41,7 @@ from jax.custom_batching import custom_vmap
 from .._field.base import AbstractField, TimeField, as_field, entrywise, entrywise_applies
 from .._field.feedback import AbstractFeedbackField
 from .._stability.analysis import check_gains
+from .._system.system import check_names_at_start
 from .._step.runge_kutta import ExplicitRungeKutta
 from .._step.methods import build_step, method_builder
 from .._monitored import DRIFT_TOL, START_TOL, check_on_constraint_set
@@ -631,6 +632,7 @@ def _step_for(method: str, field):
 
 
 def _start_checks(target, x0, start_tol) -> None:
+    check_names_at_start(target, x0)
     target.check(x0)
     check_on_constraint_set(target, x0, start_tol)
 

@@ -461,12 +461,14 @@ def _as_names(names) -> tuple:
     return tuple(names)
 
 
-def _check_names(system) -> None:
+def _check_names(system, dim: int | None = None) -> None:
     """One name per entry of F = (constraint quantities, H, integrals), checked by tracing
-    (where the structure fixes the state's length)."""
-    if not system.names or system.dim is None:
+    at states of the structure's length, or of length `dim` where the structure does not
+    fix it (`check_names_at_start`)."""
+    dim = system.dim if system.dim is not None else dim
+    if not system.names or dim is None:
         return
-    spec = jax.ShapeDtypeStruct((system.dim,), jnp.float64)
+    spec = jax.ShapeDtypeStruct((dim,), jnp.float64)
     constraint, integrals = dataclasses.replace(system, names=())._quantity_labels(spec)
     expected = constraint + integrals
     if len(system.names) != len(expected):
@@ -475,3 +477,11 @@ def _check_names(system) -> None:
             f"F = (constraint quantities, H, integrals) have {len(expected)}: one name each, in "
             f"the order of the default names {expected}"
         )
+
+
+def check_names_at_start(target, x0) -> None:
+    """The `names` check of a system whose structure does not fix the state's length, at
+    the first state it runs from (`geomjax.integrate`'s start checks)."""
+    system = getattr(target, "system", None)
+    if isinstance(system, System) and system.names and system.dim is None:
+        _check_names(system, int(x0.shape[-1]))
