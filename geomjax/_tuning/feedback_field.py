@@ -22,8 +22,11 @@ from .._stability.analysis import recommended_field, without_feedback
 #: dt=h)` chooses its gains (the double pendulum, a cart double pendulum and a 3-link chain
 #: with gains chosen at x0 alone failed within 600–8000 Euler steps at h = 10⁻³).
 PILOT_STEPS = 10_000
-#: States saved along the pilot run (besides x0), where the rates are measured.
+#: States saved along the pilot run (besides x0), where the rates are measured: 100 for
+#: small systems, fewer as the state grows (each costs a Hessian of V and an eigenvalue
+#: problem of the state's size), at least 8.
 _PILOT_SAVES = 100
+_PILOT_BUDGET = 1600  # saves × state length
 
 
 def feedback_field(
@@ -158,7 +161,7 @@ def _pilot_states(unit, x0, dt, steps: int):
     or extended field, which keeps F) by RK4 at step 10·dt over `steps`·dt, `_PILOT_SAVES`
     of them; the finite ones (a pilot that blows up gives what it had)."""
     coarse = max(steps // 10, 1)
-    saves = min(_PILOT_SAVES, coarse)
+    saves = min(_PILOT_SAVES, max(8, _PILOT_BUDGET // int(np.size(x0))), coarse)
     every = coarse // saves
     plain = without_feedback(unit)
     sol = integrate(plain, x0, dt=10.0 * float(dt), steps=saves * every, save_every=every, method="rk4",
