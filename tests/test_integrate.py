@@ -370,7 +370,7 @@ def test_accuracy_check_catches_what_the_monitors_miss(planar):
         geomjax.integrate(field, planar.x0, accuracy_tol=1e-3, **kw)
     accurate = geomjax.integrate(field, planar.x0, dt=0.01, steps=1000, save_every=250, method="rk4", accuracy_tol=1e-6)
     assert accurate.ok
-    with pytest.raises(ValueError, match="accuracy_tol must be positive"):
+    with pytest.raises(ValueError, match="accuracy_tol must be a positive number"):
         geomjax.integrate(field, planar.x0, accuracy_tol=0.0, **kw)
 
 
