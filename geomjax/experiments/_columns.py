@@ -88,6 +88,7 @@ LEGENDS: dict[str, str] = {
     # learning chain pendulums
     "model": "the learned model and the method it is trained and rolled out with",
     "train trajectories": "number of observed trajectories the model is trained on (cut into chunks of 5 observations)",
+    "train chunks": "number of training chunks of 5 observations (the unit in which Finzi, Wang and Wilson (2020) count their training set)",
     "rollout error": (
         "geometric mean over the held-out trajectories and observation steps of the relative state error "
         "‖x̂ − x‖/‖x̂ + x‖ of the model's rollout (Finzi, Wang and Wilson's measure)"
