@@ -37,3 +37,13 @@ def test_unsimplified_reaches_the_field_inside_a_step():
     off = simplify.unsimplified(rk4)
     inner = [leaf for leaf in vars(off).values() if isinstance(leaf, geomjax.AbstractField)]
     assert inner and all(not f.simplify for f in inner)
+
+
+def test_the_example_of_unsimplified_runs():
+    import doctest
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(simplify.unsimplified, "unsimplified", globs={}):
+        runner.run(test)
+    assert runner.summarize(verbose=False).attempted >= 2 and runner.summarize(verbose=False).failed == 0
