@@ -69,6 +69,8 @@ def written_out_sum(z, rows, total):
     out = None
     for leaf in jax.tree_util.tree_leaves(z):
         r = rows(leaf)
+        if r.shape[0] == 0:  # an empty piece (say, a solver's unused factor) adds nothing
+            continue
         if r.shape[0] <= 8:
             part = r[0]
             for i in range(1, r.shape[0]):
