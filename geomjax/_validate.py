@@ -1,5 +1,6 @@
 """Input checks that turn bad input into errors that say what is wrong and where."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,19 +74,71 @@ def known(x) -> np.ndarray | None:
     return None if value is None else np.asarray(value)
 
 
+def check(values, bad, message: str, error: type[Exception] = ValueError, *, detail=None, guard=None, status=False):
+    """The one mechanism of geomjax's value checks (as diffrax checks `dt0`).
+
+    `values`: an array, a tuple of arrays, or a callable returning them, called under
+    `jax.ensure_compile_time_eval()` (so what it computes from values known now is known
+    now, even inside an enclosing `jit`). `bad(xp, *values)` returns a boolean (array),
+    true where the input is bad, written with the array module `xp`: NumPy on the host
+    where every value is `known` (no JAX dispatch, so no compilation in a fresh process),
+    `jax.numpy` otherwise. Then:
+
+    - the values are known and bad somewhere: raises `error(message + detail(*values))`
+      now (`detail`, optional, formats the offending values);
+    - they are known and good: returns `guard`;
+    - they are not known (traced): with `guard` given, returns
+      `equinox.error_if(guard, predicate, message)`, raised when the compiled program
+      runs; with `status=True`, returns the traced predicate for the caller's run status;
+      otherwise returns None and leaves the check to the run.
+
+    Example:
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> from geomjax._validate import check
+    >>> positive = lambda x: check(x, lambda xp, v: v <= 0, "x must be positive", guard=x)
+    >>> positive(jnp.array([1.0, -2.0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: x must be positive
+    >>> jax.jit(positive)(jnp.array([1.0, 2.0])).tolist()   # checked when the program runs
+    [1.0, 2.0]
+
+    ```
+    """
+    if callable(values):
+        with jax.ensure_compile_time_eval():
+            values = values()
+    leaves = values if isinstance(values, tuple) else (values,)
+    known_values = tuple(known(v) for v in leaves)
+    if any(v is None for v in known_values):
+        if guard is None and not status:
+            return None
+        with jax.ensure_compile_time_eval():
+            predicate = jnp.any(bad(jnp, *leaves))
+        return predicate if guard is None else eqx.error_if(guard, predicate, message)
+    if np.any(bad(np, *known_values)):
+        raise error(message + ("" if detail is None else detail(*known_values)))
+    return guard
+
+
 #: What a check raises when a value it needs is traced: JAX's own errors from code that
 #: converts a tracer (`np.asarray`, `float`, `bool` of a staged value).
 TRACED_VALUE_ERRORS = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
 
 
-def checked_where_known(check, *args) -> bool:
-    """Run the eager check `check(*args)` (it raises a clear error for bad input). False,
-    and nothing raised, when a value it needs is traced: inside an enclosing `jit` (where
-    values computed even from concrete inputs are staged), or where a user function
-    closes over a parameter of an enclosing `jit` or `vmap`. The caller then leaves the
-    check to the run, which reports a bad start as its status at step 0."""
+def checked_where_known(start_check, *args) -> bool:
+    """Run the start check `start_check(*args)` (it raises a clear error for bad input)
+    under `jax.ensure_compile_time_eval()`, so that what it computes from values known now
+    is known now, even inside an enclosing `jit`: a bad start raises there too, at trace
+    time. False, and nothing raised, where a value it needs is traced (a start that is a
+    parameter of an enclosing `jit` or `vmap`, or a user function that closes over one):
+    the caller then leaves the check to the run, which reports a bad start as its status
+    at step 0."""
     try:
-        check(*args)
+        with jax.ensure_compile_time_eval():
+            start_check(*args)
     except TRACED_VALUE_ERRORS:
         return False
     return True
@@ -123,10 +176,12 @@ def as_state(x0, dim: int | None, name: str = "x0"):
         raise ValueError(f"{name} must be a flat state vector (one dimension), got shape {tuple(x0.shape)}")
     if dim is not None and x0.shape[0] != dim:
         raise ValueError(f"{name} has length {x0.shape[0]}, but the system's state has length {dim}")
-    if is_concrete(x0):
-        bad = np.flatnonzero(~np.isfinite(np.asarray(x0)))
-        if bad.size:
-            raise ValueError(f"{name} has non-finite entries (NaN or inf) at indices {bad.tolist()}")
+    check(
+        x0,
+        lambda xp, v: ~xp.isfinite(v),
+        f"{name} has non-finite entries (NaN or inf)",
+        detail=lambda v: f" at indices {np.flatnonzero(~np.isfinite(v)).tolist()}",
+    )
     return x0
 
 
@@ -181,26 +236,28 @@ def check_tolerance(value, name: str, *, zero_ok: bool, none_means: str) -> None
         return
     expected = f"a {'non-negative' if zero_ok else 'positive'} number (or None {none_means})"
     check_real(value, name, expected)
-    v = known(value)
-    if v is None:
-        return
-    if v.shape != () or not (v >= 0 if zero_ok else v > 0):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    check(
+        value,
+        lambda xp, v: (np.shape(v) != ()) | ~((v >= 0) if zero_ok else (v > 0)),
+        f"{name} must be {expected}",
+        detail=lambda v: f", got {value!r}",
+    )
 
 
 def check_time(t0, name: str = "t0") -> None:
     """Raise a clear error unless `t0` is a real scalar, finite where it is known."""
     check_real(t0, name, "a finite real number (the initial time)")
-    v = known(t0)
-    if v is None:
-        return
-    if v.shape != ():
-        raise ValueError(f"{name} must be a scalar (the initial time), got shape {v.shape}")
-    if not np.isfinite(v):
-        raise ValueError(
-            f"{name} must be a finite real number (the initial time), got {float(v)!r}: every "
-            "save time would be non-finite, and a time-dependent field would be evaluated there"
-        )
+    if np.shape(t0) != ():
+        raise ValueError(f"{name} must be a scalar (the initial time), got shape {np.shape(t0)}")
+    check(
+        t0,
+        lambda xp, v: ~xp.isfinite(v),
+        f"{name} must be a finite real number (the initial time)",
+        detail=lambda v: (
+            f", got {float(v)!r}: every save time would be non-finite, and a time-dependent "
+            "field would be evaluated there"
+        ),
+    )
 
 
 def check_run_options(t0, drift_tol, start_tol) -> None:
@@ -222,13 +279,18 @@ def check_step_size(dt, name: str = "dt") -> None:
     """Raise a clear error unless `dt` is a positive finite real scalar (where it is
     known; a traced one is left to the run's status)."""
     check_real(dt, name, "a positive finite scalar")
-    d = known(dt)
-    if d is not None and (d.shape != () or not np.isfinite(d) or d <= 0):
+
+    def shown(d):
         if isinstance(dt, (int, float, np.number)):
-            shown = repr(dt)
-        else:
-            shown = repr(float(d)) if d.shape == () else f"an array of shape {d.shape}"
-        raise ValueError(f"{name} must be a positive finite scalar, got {shown}")
+            return f", got {dt!r}"
+        return f", got {float(d)!r}" if np.shape(d) == () else f", got an array of shape {np.shape(d)}"
+
+    check(
+        dt,
+        lambda xp, d: (np.shape(d) != ()) | ~xp.isfinite(d) | (d <= 0),
+        f"{name} must be a positive finite scalar",
+        detail=shown,
+    )
 
 
 #: The most steps a run may take: its step counter is an int64.
@@ -256,16 +318,22 @@ def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> 
     evaluated. A traced matrix (parameters under jit/vmap/grad) cannot be checked eagerly
     and is let through.
     """
-    c = known(matrix)
-    if c is None:
-        return
-    if not np.all(np.isfinite(c)):
-        raise ValueError(f"{what} is not finite {where}: the functions or their gradients give NaN/inf there")
-    sv = np.linalg.svd(c, compute_uv=False)
-    if sv.size and (sv[0] == 0.0 or sv[-1] <= 1e-12 * max(sv[0], 1.0)):
-        raise ValueError(
-            f"{what} is singular {where} (singular values {np.array2string(sv, precision=3)}): {reason}"
-        )
+    check(
+        matrix,
+        lambda xp, c: ~xp.all(xp.isfinite(c)),
+        f"{what} is not finite {where}: the functions or their gradients give NaN/inf there",
+    )
+
+    def singular(xp, c):
+        sv = xp.linalg.svd(c, compute_uv=False)
+        return (sv.size > 0) & ((sv[0] == 0.0) | (sv[-1] <= 1e-12 * xp.maximum(sv[0], 1.0))) if sv.size else False
+
+    check(
+        matrix,
+        singular,
+        f"{what} is singular {where}",
+        detail=lambda c: f" (singular values {np.array2string(np.linalg.svd(c, compute_uv=False), precision=3)}): {reason}",
+    )
 
 
 #: The hint for user functions that cannot be traced by JAX.

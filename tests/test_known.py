@@ -52,3 +52,71 @@ def test_nothing_else_reads_private_jax_or_tests_for_tracers():
                     and "Tracer" in ast.unparse(node.args[1])):
                 offenders.append(f"{path.relative_to(root)}:{node.lineno}: isinstance(…, Tracer)")
     assert not offenders, offenders
+
+
+# --- the one mechanism for value checks: `_validate.check` --------------------------------
+def _positive(x, **kw):
+    return _validate.check(x, lambda xp, v: v <= 0, "x must be positive", detail=lambda v: f", got {v.tolist()}", **kw)
+
+
+def test_check_raises_now_for_known_values_with_the_values_in_the_message():
+    import numpy as np
+    import pytest
+
+    with pytest.raises(ValueError, match=r"x must be positive, got \[1.0, -2.0\]"):
+        _positive(jnp.array([1.0, -2.0]))
+    with pytest.raises(TypeError, match="x must be positive"):  # the error type is the caller's
+        _validate.check(np.array(-1.0), lambda xp, v: v <= 0, "x must be positive", TypeError)
+    # known under an eager transformation (its primal values): raised there too
+    with pytest.raises(ValueError, match="x must be positive"):
+        jax.grad(lambda a: (_positive(a), a)[1])(-1.0)
+    assert _positive(jnp.array(2.0)) is None and _positive(jnp.array(2.0), guard=3) == 3
+
+
+def test_check_evaluates_what_it_can_at_trace_time_inside_jit():
+    """Values computed (by a callable) from constants are known inside an enclosing jit:
+    the check raises at trace time, not when the program runs."""
+    import pytest
+
+    constant = jnp.array([1.0, -2.0])
+    with pytest.raises(ValueError, match="x must be positive"):
+        jax.jit(lambda y: (_positive(lambda: constant * 2.0), y)[1])(1.0)
+    # computed by hand inside jit the value is staged, so unknown: left to the run
+    assert jax.jit(lambda y: (_positive(constant * y) is None, y)[1])(1.0) == 1.0
+
+
+def test_check_on_traced_values_errs_at_run_time_or_hands_back_the_predicate():
+    import equinox as eqx
+    import pytest
+
+    run = eqx.filter_jit(lambda x: _positive(x, guard=x))
+    assert run(jnp.array([1.0, 2.0])).tolist() == [1.0, 2.0]
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x must be positive"):
+        jax.block_until_ready(run(jnp.array([1.0, -2.0])))
+    with pytest.raises(Exception, match="x must be positive"):  # jax.jit wraps it in its runtime error
+        jax.block_until_ready(jax.jit(lambda x: _positive(x, guard=x))(jnp.array([-1.0])))
+    bad = jax.jit(lambda x: _positive(x, status=True))
+    assert bool(bad(jnp.array([1.0, -2.0]))) and not bool(bad(jnp.array([1.0, 2.0])))
+    # under vmap: the predicate is per row
+    rows = jax.vmap(lambda x: _positive(x, status=True))(jnp.array([[1.0], [-1.0]]))
+    assert rows.tolist() == [False, True]
+
+
+def test_checks_use_the_one_mechanism():
+    """No check in geomjax decides on `is_concrete` and then reads values with NumPy: value
+    checks go through `_validate.check` (host decisions read `known`)."""
+    root = pathlib.Path(geomjax.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.If):
+                continue
+            # `if is_concrete(x): … raise` reads values to check them (a `not is_concrete`
+            # test is a host-side decision that needs values, not a value check)
+            positive = [c for c in ast.walk(node.test) if isinstance(c, ast.Call) and ast.unparse(c.func) == "is_concrete"]
+            negated = [n.operand for n in ast.walk(node.test) if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)]
+            if any(all(c is not o for o in negated) for c in positive):
+                if any(isinstance(n, ast.Raise) for n in ast.walk(node)):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, f"checks outside _validate.check: {offenders}"

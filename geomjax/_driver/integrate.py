@@ -71,6 +71,7 @@ from .._step.base import AbstractStep, FunctionStep
 from .._validate import (
     as_state,
     at_top_level,
+    check,
     check_call_args,
     check_positive_step,
     check_run_options,
@@ -654,20 +655,23 @@ def _end_time_grid(t1, saves, dt, steps, save_every, t0, *, adaptive: bool, rtol
     if save_every != 1:
         raise ValueError("with t1=, saves= sets the save points (equally spaced over [t0, t1]), not save_every=")
     saves = _as_count(100 if saves is None else saves, "saves")
-    if is_concrete((t0, t1)):
-        span = float(np.asarray(t1)) - float(np.asarray(t0))
-        if not (math.isfinite(span) and span > 0.0):
-            raise ValueError(f"t1 must be finite and after t0, got t0 = {float(np.asarray(t0)):g}, t1 = {float(np.asarray(t1)):g}")
-    if dt is not None and is_concrete(dt) and not float(np.asarray(dt)) > 0.0:
-        raise ValueError(f"dt (the first step) must be > 0, got {float(np.asarray(dt)):g}")
+    check(
+        (t0, t1),
+        lambda xp, a, b: ~(xp.isfinite(b - a) & (b - a > 0.0)),
+        "t1 must be finite and after t0",
+        detail=lambda a, b: f", got t0 = {float(a):g}, t1 = {float(b):g}",
+    )
+    if dt is not None:
+        check(dt, lambda xp, d: ~(d > 0.0), "dt (the first step) must be > 0", detail=lambda d: f", got {float(d):g}")
     if rtol is None and atol is None:
         if dt is None:
             raise ValueError("a diffrax run without rtol/atol takes constant steps: give dt= (or rtol=/atol= to adapt)")
         if max_steps is None:
-            if not is_concrete((t0, t1, dt)):
+            ends = [known(v) for v in (t0, t1, dt)]
+            if any(v is None for v in ends):
                 raise ValueError("a constant-step diffrax run to a traced t1 needs max_steps= (its number of steps)")
-            span = float(np.asarray(t1)) - float(np.asarray(t0))
-            max_steps = math.ceil(span / float(np.asarray(dt)) * (1.0 - 1e-12)) + 1
+            span = float(ends[1]) - float(ends[0])
+            max_steps = math.ceil(span / float(ends[2]) * (1.0 - 1e-12)) + 1
     return (t1 - t0) / saves, dt, saves, 1, max_steps
 
 

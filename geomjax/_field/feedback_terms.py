@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validate import as_state, host_array, is_concrete
+from .._validate import as_state, check, host_array, is_concrete
 
 
 def _gain_array(gains, m: int):
@@ -27,26 +27,21 @@ def _gain_array(gains, m: int):
             raise ValueError(f"gain matrix has shape {tuple(k.shape)}, expected ({m}, {m})")
     else:
         raise ValueError(f"gains must be a scalar, a vector or a matrix, got shape {tuple(k.shape)}")
-    if is_concrete(k):
-        kn = np.asarray(k)
-        if not np.all(np.isfinite(kn)):
-            raise ValueError("gains must be finite")
-        if kn.ndim == 1 and np.any(kn < 0):
-            bad = np.flatnonzero(kn < 0).tolist()
-            raise ValueError(
-                f"gains must be non-negative (a zero gain leaves that quantity out of V); "
-                f"entries {bad} are {kn[bad].tolist()}"
-            )
-        if kn.ndim == 1 and not np.any(kn > 0):
-            raise ValueError("gains must include a positive entry: with all gains zero, V = 0 and there is no feedback")
-        if kn.ndim == 2:
-            if not np.allclose(kn, kn.T):
-                raise ValueError("the gain matrix K must be symmetric")
-            if np.linalg.eigvalsh(kn).min() <= 0:
-                raise ValueError(
-                    f"the gain matrix K must be positive definite; its smallest eigenvalue is "
-                    f"{np.linalg.eigvalsh(kn).min():.3g}"
-                )
+    check(k, lambda xp, kn: ~xp.all(xp.isfinite(kn)), "gains must be finite")
+    if k.ndim == 1:
+        check(
+            k,
+            lambda xp, kn: kn < 0,
+            "gains must be non-negative (a zero gain leaves that quantity out of V)",
+            detail=lambda kn: f"; entries {np.flatnonzero(kn < 0).tolist()} are {kn[kn < 0].tolist()}",
+        )
+        check(
+            k,
+            lambda xp, kn: ~xp.any(kn > 0),
+            "gains must include a positive entry: with all gains zero, V = 0 and there is no feedback",
+        )
+    if k.ndim == 2:
+        _require_spd(k, "the gain matrix K", symmetry="", rtol=1e-5, atol=1e-8)
     return k
 
 
@@ -80,14 +75,22 @@ def split_gains(gains, m: int, embedded: bool, quantities: str):
     return k_all[:m], k_all[m]
 
 
-def _require_spd(ell: np.ndarray, what: str) -> None:
-    if not np.all(np.isfinite(ell)):
-        raise ValueError(f"{what} must be finite")
-    if not np.allclose(ell, ell.T, rtol=1e-12, atol=0.0):
-        raise ValueError(f"{what} must be symmetric (L = Lᵀ); its largest asymmetry is {np.abs(ell - ell.T).max():.3g}")
-    smallest = np.linalg.eigvalsh(0.5 * (ell + ell.T)).min()
-    if smallest <= 0:
-        raise ValueError(f"{what} must be positive definite; its smallest eigenvalue is {smallest:.3g}")
+def _require_spd(ell, what: str, symmetry: str = " (L = Lᵀ)", rtol: float = 1e-12, atol: float = 0.0) -> None:
+    """Raise where the matrix `ell` is known and not finite, symmetric (to `rtol`, `atol`;
+    `symmetry` adds to the message) and positive definite."""
+    check(ell, lambda xp, a: ~xp.all(xp.isfinite(a)), f"{what} must be finite")
+    check(
+        ell,
+        lambda xp, a: xp.logical_not(xp.allclose(a, a.T, rtol=rtol, atol=atol)),
+        f"{what} must be symmetric{symmetry}",
+        detail=lambda a: f"; its largest asymmetry is {np.abs(a - a.T).max():.3g}" if symmetry else "",
+    )
+    check(
+        ell,
+        lambda xp, a: xp.linalg.eigvalsh(0.5 * (a + a.T)).min() <= 0,
+        f"{what} must be positive definite",
+        detail=lambda a: f"; its smallest eigenvalue is {np.linalg.eigvalsh(0.5 * (a + a.T)).min():.3g}",
+    )
 
 
 def _check_metric(metric, x0, dim):
@@ -104,18 +107,15 @@ def _check_metric(metric, x0, dim):
         value = jnp.asarray(metric(x0))
         if value.ndim not in (0, 2) or (value.ndim == 2 and value.shape != (dim, dim)):
             raise ValueError(f"the metric callable must return a scalar or a ({dim}, {dim}) matrix, got shape {tuple(value.shape)}")
-        if is_concrete(value):
-            _require_spd(np.atleast_2d(np.asarray(value)), "the metric L(x0)")
+        _require_spd(value.reshape(value.shape if value.ndim == 2 else (1, 1)), "the metric L(x0)")
         return metric
     ell = jnp.asarray(metric, dtype=jnp.float64)
     if ell.ndim == 0:
-        if is_concrete(ell) and not float(ell) > 0:
-            raise ValueError(f"metric L must be a positive scalar, got {float(ell)}")
+        check(ell, lambda xp, v: ~(v > 0), "metric L must be a positive scalar", detail=lambda v: f", got {float(v)}")
         return ell
     if ell.shape != (dim, dim):
         raise ValueError(f"metric L has shape {tuple(ell.shape)}, expected ({dim}, {dim})")
-    if is_concrete(ell):
-        _require_spd(np.asarray(ell), "metric L")
+    _require_spd(ell, "metric L")
     return ell
 
 
@@ -135,8 +135,7 @@ def resolve_target(system, x0, target, target_at, value_at_x0=None):
         target = jnp.asarray(target, dtype=jnp.float64)
         if target.shape != (m,):
             raise ValueError(f"target has shape {tuple(target.shape)}, but F has {m} entries: expected ({m},)")
-        if is_concrete(target) and not np.all(np.isfinite(np.asarray(target))):
-            raise ValueError("target must be finite")
+        check(target, lambda xp, t: ~xp.all(xp.isfinite(t)), "target must be finite")
         return x0, target, True, m
     if x0 is None:
         return x0, None, False, m
