@@ -3,6 +3,8 @@
 from ._model import Model as Model
 from ._chain import planar_chain as planar_chain
 from ._spatial_chain import spatial_chain as spatial_chain
+from ._rigid_bodies import RigidBodies as RigidBodies, angular_momentum as angular_momentum
+from ._rigid_models import gyroscope as gyroscope, gyroscope_trajectories as gyroscope_trajectories, rotor as rotor
 from ._rod_networks import cloth as cloth, rod_ring as rod_ring, rod_tree as rod_tree, water_box as water_box
 from ._pendulum import planar_pendulum as planar_pendulum, spherical_pendulum as spherical_pendulum
 from ._pendulum_flows import pendulum_flows as pendulum_flows

@@ -1,16 +1,12 @@
 """Trajectories of chains of point masses from random starts, integrated accurately."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from .._driver.integrate import integrate
-from .._field.dirac import dirac_field
-from .._step.methods import build_step
 from ._chain import _chain_state, planar_chain
 from ._spatial_chain import _spatial_chain_state, spatial_chain
-from ._trajectories import Trajectories
+from ._trajectories import Trajectories, observed_runs
 
 _OBSERVED = ("velocity", "momentum")
 
@@ -88,7 +84,7 @@ def chain_trajectories(
     build = planar_chain if space_dim == 2 else spatial_chain
     model = build(n, mass=mass, length=length, gravity=gravity)
     starts = _starts(model.params, n, count, space_dim, key)
-    xs = _observed_runs(model.system, starts, float(dt), steps, substeps, method)
+    xs = observed_runs(model.system, starts, float(dt), steps, substeps, method)
     if observed == "velocity":
         half = xs.shape[-1] // 2
         xs = jnp.concatenate([xs[..., :half], xs[..., half:] / model.params["m"]], axis=-1)
@@ -107,11 +103,3 @@ def _starts(params, n: int, count: int, space_dim: int, key):
     u = jnp.stack([jnp.sin(theta) * jnp.cos(phi), jnp.sin(theta) * jnp.sin(phi), -jnp.cos(theta)], axis=-1)
     omega = jax.random.normal(k3, (count, n, 3))
     return jax.vmap(lambda d, w: _spatial_chain_state(params, d, w))(u, omega)
-
-
-@eqx.filter_jit
-def _observed_runs(system, starts, dt, steps, substeps, method):
-    step = build_step(method, dirac_field(system))
-    run = lambda x0: integrate(step, x0, dt=dt / substeps, steps=steps * substeps, save_every=substeps,
-                               drift_tol=None).xs  # noqa: E731
-    return jax.vmap(run)(starts)

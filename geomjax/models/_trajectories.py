@@ -3,8 +3,12 @@
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 from jaxtyping import Array, Float
 
+from .._driver.integrate import integrate
+from .._field.dirac import dirac_field
+from .._step.methods import build_step
 from .._system.system import System
 from .._validate import positive_count
 
@@ -73,3 +77,14 @@ def cut_chunks(xs, length: int):
     if per == 0:
         raise ValueError(f"trajectories of {t} observations are shorter than chunk_length={length}")
     return xs[:, : per * length].reshape(b * per, length, dim)
+
+
+@eqx.filter_jit
+def observed_runs(system, starts, dt, steps, substeps, method):
+    """The runs of `method` on the Dirac field of `system` from each of `starts`, `substeps`
+    steps per observation interval `dt`, saved every `dt` for `steps` intervals:
+    `(len(starts), steps + 1, 2n)`."""
+    step = build_step(method, dirac_field(system))
+    run = lambda x0: integrate(step, x0, dt=dt / substeps, steps=steps * substeps, save_every=substeps,
+                               drift_tol=None).xs  # noqa: E731
+    return jax.vmap(run)(starts)
