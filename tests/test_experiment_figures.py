@@ -81,6 +81,8 @@ SLOW_FIGURES = {
     # 15-17 s (each training compiles its epoch); the learning code is tested by
     # tests/test_chnn.py, and its findings are asserted here (`_learned_chain_findings`)
     "learn-chain-pendulum",
+    # the chain's learning code on the gyroscope's data (tests/test_rigid_bodies.py checks the data)
+    "learn-gyroscope",
     # ~30 s (eight programs compiled and timed); the solvers it times are tested by
     # tests/test_sparse_graphs.py, the floors' agreement with geomjax there too
     "scaling",

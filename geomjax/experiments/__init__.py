@@ -48,6 +48,7 @@ _MODULES = (
     "feedback_paper",
     "gain_tuning",
     "learn_chain",
+    "learn_gyroscope",
     "scaling",
 )
 

@@ -93,18 +93,26 @@ def _tenth(a, which):
     return _worst(a[:k] if which == 0 else a[-k:])
 
 
-def _one_chain(links, space_dim, *, sizes, test, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
+def _one_chain(links, space_dim, *, sizes, test, steps, seed, **training):
     sizes = tuple(sorted(int(s) for s in sizes))
     start = time.perf_counter()
     data = geomjax.chain_trajectories(links, max(sizes) + test, steps=steps, space_dim=space_dim,
                                       key=jax.random.key(seed))
+    out = learn_problem(data, _chain_name(links, space_dim), sizes=sizes, steps=steps, seed=seed, **training)
+    return out | {"links": links, "space_dim": space_dim, "data_s": time.perf_counter() - start}
+
+
+def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
+    """Train the three `MODELS` on the first `size` trajectories of `data`, for each of
+    `sizes`, and measure them on the trajectories after the first `max(sizes)` (held out):
+    rollout errors, long rollouts (constraint violation, learned-energy error), and figure
+    2's rollouts of the RK4-trained CHNN at the largest size by RK4 and by RATTLE."""
     pool, held_out = data.split(max(sizes))
-    data_s = time.perf_counter() - start
     n = data.n
-    net0 = geomjax.ConstrainedHamiltonianNetwork(n, data.constraints, space_dim=space_dim, width_size=width,
+    net0 = geomjax.ConstrainedHamiltonianNetwork(n, data.constraints, space_dim=data.space_dim, width_size=width,
                                                  depth=depth, key=jax.random.key(seed + 1))
     node0 = geomjax.NeuralODE.sized_like(net0, key=jax.random.key(seed + 1))
-    chain = _chain_name(links, space_dim)
+    chain = problem
     errors = {m: [] for m in MODELS}
     rows, trained_rk4 = [], None
     for size in sizes:
@@ -149,8 +157,7 @@ def _one_chain(links, space_dim, *, sizes, test, steps, long_steps, epochs, widt
         xs = _long_rollouts(trained_rk4, held_out.xs[:, 0], long_steps, data.dt, method)
         long[label] = {"violation": _violation(data.constraints, xs, n), "energy": _energy_error(trained_rk4, xs)}
     return {
-        "chain": chain, "links": links, "space_dim": space_dim, "sizes": list(sizes), "errors": errors,
-        "rows": rows, "long": long, "dt": data.dt, "data_s": data_s,
+        "chain": chain, "sizes": list(sizes), "errors": errors, "rows": rows, "long": long, "dt": data.dt,
         "parameters": {"CHNN": geomjax.parameter_count(net0), "neural ODE": geomjax.parameter_count(node0),
                        "neural ODE width": node0.network.width_size},
     }
@@ -215,22 +222,36 @@ def run(out_dir: pathlib.Path, progress: bool, *, chains=DEFAULT_CHAINS, sizes=(
     results = [_one_chain(links, space_dim, sizes=sizes, test=test, steps=steps, long_steps=long_steps, epochs=epochs,
                           width=width, depth=depth, batch_size=batch_size, seed=seed, progress=progress)
                for links, space_dim in chains]
+    out = report(NAME, out_dir, results, steps=steps, long_steps=long_steps)
+    out["setting"] = {
+        "chains": [{"links": r["links"], "space_dim": r["space_dim"], "parameters": r["parameters"],
+                    "data_s": r["data_s"]} for r in results],
+        "sizes": list(sizes), "test": test, "steps": steps, "dt": results[0]["dt"], "chunk_length": CHUNK,
+        "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh", "seed": seed,
+        "data": "chain_trajectories: RK4 on the Dirac field, 30 substeps per observation (h = 1e-3)",
+    }
+    return out
+
+
+def report(name, out_dir, results, *, steps, long_steps) -> dict:
+    """The figures, table rows, findings and metrics of `learn_problem`'s `results` (one per
+    problem), the figures written to `out_dir` under the experiment's `name`."""
     chunk_steps = CHUNK - 1
-    figures = [_error_figure(out_dir / f"{NAME}_fig1_error_vs_size.png", results, steps)]
+    figures = [_error_figure(out_dir / f"{name}_fig1_error_vs_size.png", results, steps)]
     for res in results:
         slug = res["chain"].replace(" ", "_")
-        figures.append(_long_figure(out_dir / f"{NAME}_fig2_long_rollouts_{slug}.png", res, results[0]["dt"], chunk_steps))
+        figures.append(_long_figure(out_dir / f"{name}_fig2_long_rollouts_{slug}.png", res, results[0]["dt"], chunk_steps))
     summary = [row for res in results for row in res["rows"]]
     findings = []
     for res in results:
-        ratios = {name: [e_n / e for e, e_n in zip(res["errors"][name], res["errors"]["neural ODE"])]
-                  for name in MODELS[1:]}
+        ratios = {model: [e_n / e for e, e_n in zip(res["errors"][model], res["errors"]["neural ODE"])]
+                  for model in MODELS[1:]}
         sizes = ", ".join(str(s) for s in res["sizes"])
-        for name, r in ratios.items():
-            findings.append(f"{res['chain']}: rollout error of the neural ODE / the {name}'s = "
+        for model, r in ratios.items():
+            findings.append(f"{res['chain']}: rollout error of the neural ODE / the {model}'s = "
                             + ", ".join(f"{x:.3g}" for x in r)
                             + f" with {sizes} training trajectories ({(steps + 1) // CHUNK} chunks of {CHUNK} each) "
-                            + f"({res['errors'][name][-1]:.2e} against {res['errors']['neural ODE'][-1]:.2e} at {res['sizes'][-1]}).")
+                            + f"({res['errors'][model][-1]:.2e} against {res['errors']['neural ODE'][-1]:.2e} at {res['sizes'][-1]}).")
         lr = res["long"]
         rattle_run, rk4_run = lr["rolled out by RATTLE"], lr["rolled out by RK4"]
         findings.append(
@@ -242,13 +263,6 @@ def run(out_dir: pathlib.Path, progress: bool, *, chains=DEFAULT_CHAINS, sizes=(
             f"and its energy error grows from {_tenth(rk4_run['energy'], 0):.1e} over the first tenth "
             f"to {_tenth(rk4_run['energy'], -1):.1e} over the last.")
     return {
-        "setting": {
-            "chains": [{"links": r["links"], "space_dim": r["space_dim"], "parameters": r["parameters"],
-                        "data_s": r["data_s"]} for r in results],
-            "sizes": list(sizes), "test": test, "steps": steps, "dt": results[0]["dt"], "chunk_length": CHUNK,
-            "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh", "seed": seed,
-            "data": "chain_trajectories: RK4 on the Dirac field, 30 substeps per observation (h = 1e-3)",
-        },
         "rollout_errors": {r["chain"]: {"sizes": r["sizes"], **r["errors"]} for r in results},
         "long_rollouts": {r["chain"]: {k: {"max_violation": _worst(v["violation"]), "max_energy_error": _worst(v["energy"]),
                                            "final_violation": float(v["violation"][-1]),
