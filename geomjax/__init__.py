@@ -87,7 +87,7 @@ from ._step.implicit_rk import (  # importing registers "implicit_midpoint", "ga
     ImplicitTableau as ImplicitTableau,
     implicit_rk as implicit_rk,
 )
-from ._step.projection import project as project
+from ._step.projection import project as project, project_holonomic as project_holonomic
 from ._system.velocity_constraints import VelocityConstraint as VelocityConstraint
 from ._system.lagrangian import LagrangianSystem as LagrangianSystem
 from ._system.contact import (

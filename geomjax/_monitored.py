@@ -141,7 +141,7 @@ def check_on_constraint_set(monitored, x0, start_tol, residuals=None) -> None:
             f"(start_tol {start_tol:g} × scale {scale:.3g}); the residuals are the holonomic "
             "constraints g and their velocity constraints, the nonholonomic constraint momenta "
             "J, or the embedding defect of an embedded group (RᵀR − I, cos² + sin² − 1). The "
-            "run would follow a different system. Move x0 onto the set first (geomjax.project for holonomic constraints, "
+            "run would follow a different system. Move x0 onto the set first (geomjax.project_holonomic for holonomic constraints, "
             "geomjax.project_nonholonomic for nonholonomic ones), or pass start_tol=None to "
             "integrate from off the set on purpose"
         )

@@ -51,7 +51,7 @@ class RESULTS(eqx.Enumeration):  # pyright: ignore
     off_constraint_set = (
         "the initial state is off the constraint set (a constraint residual is above "
         "start_tol): the run would follow a different system. Move x0 onto the constraint "
-        "set first (geomjax.project for holonomic constraints, "
+        "set first (geomjax.project_holonomic for holonomic constraints, "
         "geomjax.project_nonholonomic for nonholonomic ones), or pass start_tol=None to "
         "integrate deliberately from off the set"
     )

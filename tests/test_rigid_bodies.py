@@ -112,3 +112,33 @@ def test_a_hinged_body_turns_about_its_axis_only():
     for x in np.asarray(sol.xs):
         axes, rates = _frame_and_rates(system, x)
         np.testing.assert_allclose(0.5 * np.cross(axes, rates).sum(axis=0), [0.0, 0.0, 1.5], atol=1e-9)
+
+
+def test_project_holonomic_moves_a_state_onto_the_constraint_set():
+    """`geomjax.project_holonomic` (the start-check hint's remedy): onto S to round-off,
+    a state already on S unchanged; a failed projection raises (eagerly) or gives NaN (jit);
+    a system without holonomic constraints is refused with the right remedy."""
+    model = geomjax.models.gyroscope()
+    system = model.system
+    off = model.x0 + 1e-3 * jnp.cos(jnp.arange(24.0))
+    on = geomjax.project_holonomic(system, off)
+    assert float(jnp.abs(system.constraint_residuals(on)).max()) < 1e-12
+    np.testing.assert_allclose(geomjax.project_holonomic(system, model.x0), model.x0, atol=1e-14)
+    far = model.x0.at[:12].set(0.0)  # every point at the origin: no rigid frame nearby along M⁻¹Gᵀ
+    with pytest.raises(ValueError, match="did not converge"):
+        geomjax.project_holonomic(system, far)
+    assert bool(jnp.all(jnp.isnan(jax.jit(lambda x: geomjax.project_holonomic(system, x))(far))))
+    with pytest.raises(TypeError, match="project_nonholonomic"):
+        geomjax.project_holonomic(geomjax.models.knife_edge().system, geomjax.models.knife_edge().x0)
+
+
+def test_second_order_neural_ode_builds_in_the_kinematics():
+    net = geomjax.ConstrainedHamiltonianNetwork(4, lambda q: jnp.array([q @ q - 1.0]), space_dim=2, width_size=16,
+                                                depth=2, key=jax.random.key(0))
+    second = geomjax.NeuralODE.sized_like(net, order=2, key=jax.random.key(1))
+    count, target = geomjax.parameter_count(second), geomjax.parameter_count(net)
+    assert second.order == 2 and abs(count - target) <= 0.1 * target
+    x = jnp.arange(8.0)
+    np.testing.assert_array_equal(second(x)[:4], x[4:])
+    with pytest.raises(ValueError, match="even length"):
+        geomjax.NeuralODE(5, order=2, key=jax.random.key(0))

@@ -312,11 +312,15 @@ class NeuralODE(eqx.Module):
     f_θ is an `equinox.nn.MLP` R^dim → R^dim. It knows nothing of energy or constraints;
     `NeuralODE.sized_like(network, key=...)` makes one with about as many parameters as
     a given network (within ±10 %), the comparison Finzi, Wang and Wilson (2020) make.
+    With `order=2` it is a second-order neural ODE on a state x = (q, q̇) of positions and
+    velocities: ẋ = (q̇, a_θ(q, q̇)), the MLP a_θ: R^dim → R^(dim/2) learning only the
+    accelerations (the kinematics q̇ = dq/dt is built in, as in a Lagrangian model).
 
     **Arguments:**
 
     - `dim`: the length of the state.
     - `width_size`, `depth`, `activation`: the MLP.
+    - `order`: 1 (ẋ = f_θ(x)) or 2 (ẋ = (q̇, a_θ(x)), `dim` even).
     - `key`: a `jax.random` key.
 
     Example:
@@ -326,41 +330,63 @@ class NeuralODE(eqx.Module):
     >>> node = geomjax.NeuralODE(4, width_size=8, depth=2, key=jax.random.key(0))
     >>> node(jax.numpy.ones(4)).shape
     (4,)
+    >>> second = geomjax.NeuralODE(4, width_size=8, depth=2, order=2, key=jax.random.key(0))
+    >>> second(jax.numpy.array([0.0, 0.0, 1.0, 2.0]))[:2].tolist()  # q̇ as given
+    [1.0, 2.0]
 
     ```
     """
 
     network: eqx.nn.MLP
     dim: int = eqx.field(static=True)
+    order: int = eqx.field(static=True, default=1)
 
     def __init__(
-        self, dim: int, *, width_size: int = 256, depth: int = 3, activation: Callable = jnp.tanh, key: PRNGKeyArray
+        self,
+        dim: int,
+        *,
+        width_size: int = 256,
+        depth: int = 3,
+        activation: Callable = jnp.tanh,
+        order: int = 1,
+        key: PRNGKeyArray,
     ):
         self.dim = int(dim)
-        self.network = eqx.nn.MLP(self.dim, self.dim, width_size, depth, activation=activation, key=key)
+        if order not in (1, 2):
+            raise ValueError(f"order must be 1 (ẋ = f(x)) or 2 (ẋ = (q̇, a(q, q̇))), got {order!r}")
+        if order == 2 and self.dim % 2:
+            raise ValueError(f"a second-order neural ODE needs a state (q, q̇) of even length, got dim = {self.dim}")
+        self.order = int(order)
+        out = self.dim if order == 1 else self.dim // 2
+        self.network = eqx.nn.MLP(self.dim, out, width_size, depth, activation=activation, key=key)
 
     def __call__(self, x: Float[Array, " dim"]) -> Float[Array, " dim"]:
-        """f_θ(x), the learned ẋ."""
-        return self.network(x)
+        """f_θ(x), the learned ẋ (with `order=2`, (q̇, a_θ(x)))."""
+        if self.order == 1:
+            return self.network(x)
+        return jnp.concatenate([x[self.dim // 2 :], self.network(x)])
 
     @staticmethod
-    def width_for(parameters: int, dim: int, depth: int) -> int:
+    def width_for(parameters: int, dim: int, depth: int, out: int | None = None) -> int:
         """The MLP width whose parameter count is closest to `parameters`: the count of
-        dim → w → … → w → dim with `depth` hidden layers is
-        (depth − 1)w² + (2·dim + depth)w + dim."""
-        a, b, c = depth - 1, 2 * dim + depth, dim - parameters
+        dim → w → … → w → out (out = dim unless given) with `depth` hidden layers is
+        (depth − 1)w² + (dim + out + depth)w + out."""
+        out = dim if out is None else int(out)
+        a, b, c = depth - 1, dim + out + depth, out - parameters
         if a == 0:
             width = -c / b
         else:
             width = (-b + np.sqrt(b * b - 4 * a * c)) / (2 * a)
         candidates = [max(1, int(np.floor(width))), max(1, int(np.ceil(width)))]
-        return min(candidates, key=lambda w: abs(a * w * w + b * w + dim - parameters))
+        return min(candidates, key=lambda w: abs(a * w * w + b * w + out - parameters))
 
     @classmethod
-    def sized_like(cls, model, *, depth: int | None = None, activation: Callable = jnp.tanh, key: PRNGKeyArray):
-        """A `NeuralODE` on the observed state of `model` (a `ConstrainedHamiltonianNetwork`)
-        with about its number of trainable parameters: the same depth (unless given), the
-        width chosen by `width_for`. A ValueError if no width comes within ±10 %."""
+    def sized_like(cls, model, *, depth: int | None = None, activation: Callable = jnp.tanh, order: int = 1,
+                   key: PRNGKeyArray):
+        """A `NeuralODE` (of `order` 1 or 2) on the observed state of `model` (a
+        `ConstrainedHamiltonianNetwork`) with about its number of trainable parameters: the
+        same depth (unless given), the width chosen by `width_for`. A ValueError if no width
+        comes within ±10 %."""
         if not isinstance(model, ConstrainedHamiltonianNetwork):
             raise TypeError(
                 f"NeuralODE.sized_like takes a ConstrainedHamiltonianNetwork (the model to match), got "
@@ -369,8 +395,8 @@ class NeuralODE(eqx.Module):
         dim = 2 * model.n
         depth = len(model.network.layers) - 1 if depth is None else int(depth)
         target = parameter_count(model)
-        width = cls.width_for(target, dim, depth)
-        node = cls(dim, width_size=width, depth=depth, activation=activation, key=key)
+        width = cls.width_for(target, dim, depth, dim if order == 1 else dim // 2)
+        node = cls(dim, width_size=width, depth=depth, activation=activation, order=order, key=key)
         count = parameter_count(node)
         if abs(count - target) > 0.1 * target:
             raise ValueError(

@@ -10,7 +10,8 @@ from .splitting import _same_layout
 from .._status import where_first
 from .base import AbstractStep, newton_status
 from .._monitored import AbstractSystemMonitored
-from .._system.system import ConstrainedSystem, HolonomicSystem, System
+from .._system.system import ConstrainedSystem, HolonomicSystem, NonholonomicSystem, System
+from .._validate import as_state, check
 
 
 class Projected(AbstractSystemMonitored, AbstractStep):
@@ -41,23 +42,7 @@ class Projected(AbstractSystemMonitored, AbstractStep):
         return self.newton.solve(fn, guess)
 
     def _project_holonomic(self, q, p):
-        mech = _Mechanics(self.system)
-
-        def position(nu):
-            # q̃ = q + M⁻¹G(q)ᵀν, M⁻¹ = ∂²H/∂p² (the kinetic metric), by one jvp; Gᵀν by a
-            # reverse pass inside the residual, so that its sparsity can be read.
-            return q + jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (mech.g_transpose(q, nu),))[1]
-
-        k = mech.g(q).shape[0]
-        zero = jnp.zeros((k,), q.dtype)
-        res_q = self._solve(lambda nu: mech.g(position(nu)), zero)
-        q1 = position(res_q.value)
-
-        def momentum(mu):
-            return p + mech.g_transpose(q1, mu)
-
-        res_p = self._solve(lambda mu: mech.g_dot(q1, mech.dh_dp(q1, momentum(mu))), zero)
-        return (q1, momentum(res_p.value)), res_q.converged & res_p.converged
+        return holonomic_projection(self.system, self.newton, q, p)
 
     def _project_general(self, z):
         s = self.system.structure
@@ -149,3 +134,62 @@ def project(
     else:
         raise ValueError("project needs a constrained System (holonomic=g or constraints=f)")
     return Projected(step, system, level, as_newton(newton, rtol, atol, max_iter))
+
+
+def holonomic_projection(system: System, newton: Newton, q, p):
+    """((q̃, p̃), converged): q̃ = q + M⁻¹G(q)ᵀν with g(q̃) = 0, then p̃ = p + G(q̃)ᵀμ with
+    G(q̃)∂H/∂p(q̃, p̃) = 0 (M⁻¹ = ∂²H/∂p², the kinetic metric), two Newton solves."""
+    mech = _Mechanics(system)
+
+    def position(nu):
+        # q̃ = q + M⁻¹G(q)ᵀν, M⁻¹ = ∂²H/∂p² (the kinetic metric), by one jvp; Gᵀν by a
+        # reverse pass inside the residual, so that its sparsity can be read.
+        return q + jax.jvp(lambda pp: mech.dh_dp(q, pp), (p,), (mech.g_transpose(q, nu),))[1]
+
+    k = mech.g(q).shape[0]
+    zero = jnp.zeros((k,), q.dtype)
+    res_q = newton.solve(lambda nu: mech.g(position(nu)), zero)
+    q1 = position(res_q.value)
+
+    def momentum(mu):
+        return p + mech.g_transpose(q1, mu)
+
+    res_p = newton.solve(lambda mu: mech.g_dot(q1, mech.dh_dp(q1, momentum(mu))), zero)
+    return (q1, momentum(res_p.value)), res_q.converged & res_p.converged
+
+
+def project_holonomic(system: System, x, *, newton: Newton | None = None):
+    """Move the state x = (q, p) onto the constraint set S = {g = 0, G ∂H/∂p = 0} of a
+    system with holonomic constraints g(q) = 0, orthogonally in the kinetic metric:
+
+    q̃ = q + M⁻¹G(q)ᵀν with g(q̃) = 0,   then   p̃ = p + G(q̃)ᵀμ with G(q̃)∂H/∂p(q̃, p̃) = 0,
+
+    M⁻¹ = ∂²H/∂p², by two Newton solves (`newton`: their settings). A solve that does not
+    converge raises a ValueError where that is known now; under `jit` or `vmap` the result
+    is then NaN, never an unprojected state passed off as projected.
+
+    Example:
+
+    ```python
+    >>> import geomjax
+    >>> model = geomjax.models.spatial_chain(2)
+    >>> x_on = geomjax.project_holonomic(model.system, model.x0 + 0.01)
+    >>> bool(abs(model.system.constraint_residuals(x_on)).max() < 1e-12)
+    True
+
+    ```
+    """
+    if not isinstance(system, HolonomicSystem):
+        remedy = ""
+        if isinstance(system, NonholonomicSystem):
+            remedy = " (for nonholonomic constraints use geomjax.project_nonholonomic)"
+        elif isinstance(system, ConstrainedSystem):
+            remedy = (" (this System gives second-class constraints f by constraints=; give holonomic=g instead, "
+                      "or project after each step with geomjax.project(step, system))")
+        raise TypeError(f"project_holonomic needs a geomjax.System with holonomic=g, got {type(system).__name__}{remedy}")
+    x = as_state(x, system.dim)
+    n = x.shape[0] // 2
+    (q1, p1), converged = holonomic_projection(system, as_newton(newton), x[:n], x[n:])
+    check(~converged, lambda xp, bad: bad, "project_holonomic: a Newton solve of the projection did not converge "
+          "(the state is too far from the constraint set, or the constraints are singular there)")
+    return jnp.where(converged, jnp.concatenate([q1, p1]), jnp.nan)

@@ -94,6 +94,10 @@ LEGENDS: dict[str, str] = {
         "‖x̂ − x‖/‖x̂ + x‖ of the model's rollout (Finzi, Wang and Wilson's measure)"
     ),
     "ratio to neural ODE": "rollout error / the neural ODE's at the same training-set size (below 1: better)",
+    "seeds": "number of training seeds (network initialisation and minibatches; the data stay) the rollout error is the geometric mean over",
+    "lowest of seeds": "the lowest rollout error over the seeds",
+    "highest of seeds": "the highest rollout error over the seeds",
+    "perturbation floor": "rollout error of the true system itself from the held-out starts moved by 1e-4 (what a perfect model scores from starts known to that accuracy)",
     "long max |phi|": "largest constraint violation |g(q)| over the long rollouts from the held-out starts",
     "long max |dH_theta|": (
         "largest change of the model's own learned energy |H_θ(x_t) − H_θ(x_0)| over the long rollouts "

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
+from geomjax.models._trajectories import observed_runs
 
 from . import register
 from ._common import _figure, _marked, _positive, _save, _title
@@ -47,9 +48,10 @@ from ._common import _figure, _marked, _positive, _save, _title
 NAME = "learn-chain-pendulum"
 
 CHUNK = 5  # observations per training chunk (theirs)
-MODELS = ("neural ODE", "CHNN (RK4)", "CHNN (RATTLE)")
+MODELS = ("neural ODE", "second-order neural ODE", "CHNN (RK4)", "CHNN (RATTLE)")
 STYLES = {
     "neural ODE": {"color": "tab:gray"},
+    "second-order neural ODE": {"color": "tab:olive"},
     "CHNN (RK4)": {"color": "tab:blue"},
     "CHNN (RATTLE)": {"color": "tab:red"},
     "rolled out by RK4": {"color": "tab:blue"},
@@ -102,65 +104,122 @@ def _one_chain(links, space_dim, *, sizes, test, steps, seed, **training):
     return out | {"links": links, "space_dim": space_dim, "data_s": time.perf_counter() - start}
 
 
-def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, depth, batch_size, seed, progress):
-    """Train the three `MODELS` on the first `size` trajectories of `data`, for each of
-    `sizes`, and measure them on the trajectories after the first `max(sizes)` (held out):
-    rollout errors, long rollouts (constraint violation, learned-energy error), and figure
-    2's rollouts of the RK4-trained CHNN at the largest size by RK4 and by RATTLE."""
+def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, depth, batch_size, seed, progress,
+                  seeds=None):
+    """Train the `MODELS` on the first `size` trajectories of `data`, for each of `sizes`
+    and each seed of `seeds` (default: `seed` alone; the seed sets the networks'
+    initialisation and the minibatches, the data stay), and measure them on the
+    trajectories after the first `max(sizes)` (held out): rollout errors (per seed), long
+    rollouts (constraint violation, learned-energy error), the perturbation floor (the true
+    system from the held-out starts moved by 10⁻⁴, `_perturbation_floor`), and figure 2's
+    rollouts of the RK4-trained CHNN at the largest size by RK4 and by RATTLE."""
+    seeds = (seed,) if seeds is None else tuple(int(s) for s in seeds)
     pool, held_out = data.split(max(sizes))
     n = data.n
-    net0 = geomjax.ConstrainedHamiltonianNetwork(n, data.constraints, space_dim=data.space_dim, width_size=width,
-                                                 depth=depth, key=jax.random.key(seed + 1))
-    node0 = geomjax.NeuralODE.sized_like(net0, key=jax.random.key(seed + 1))
-    chain = problem
-    errors = {m: [] for m in MODELS}
-    rows, trained_rk4 = [], None
-    for size in sizes:
-        train_set, _ = pool.split(size)
-        found = {}
+    errors = {m: [[] for _ in sizes] for m in MODELS}
+    found = {}
+    trained_rk4 = parameters = None
+    for s in seeds:
+        net0 = geomjax.ConstrainedHamiltonianNetwork(n, data.constraints, space_dim=data.space_dim, width_size=width,
+                                                     depth=depth, key=jax.random.key(s + 1))
+        node0 = geomjax.NeuralODE.sized_like(net0, key=jax.random.key(s + 1))
+        second0 = geomjax.NeuralODE.sized_like(net0, order=2, key=jax.random.key(s + 1))
+        parameters = parameters or {"CHNN": geomjax.parameter_count(net0), "neural ODE": geomjax.parameter_count(node0),
+                                    "neural ODE width": node0.network.width_size,
+                                    "second-order neural ODE": geomjax.parameter_count(second0)}
+        for i, size in enumerate(sizes):
+            train_set, _ = pool.split(size)
+            for name in MODELS:
+                model, method = {"neural ODE": (node0, "rk4"), "second-order neural ODE": (second0, "rk4"),
+                                 "CHNN (RK4)": (net0, "rk4"), "CHNN (RATTLE)": (net0, "rattle")}[name]
+                t0 = time.perf_counter()
+                trained, history = geomjax.train(model, train_set, method=method, epochs=epochs, chunk_length=CHUNK,
+                                                 batch_size=batch_size, key=jax.random.key(s + 2),
+                                                 progress=f"{problem} {name} {size} seed {s}" if progress else False)
+                train_s = time.perf_counter() - t0
+                long = _long_rollouts(trained, held_out.xs[:, 0], long_steps, data.dt, method)
+                # geomjax.rollout_error's measure, from the first `steps` steps of the same rollouts
+                rel = np.asarray(geomjax.relative_error(long[:, 1 : steps + 1], held_out.xs[:, 1:]))
+                errors[name][i].append(float(np.exp(np.mean(np.log(rel)))))
+                energy = float("nan") if "neural ODE" in name else _worst(_energy_error(trained, long))
+                f = found.setdefault((size, name), {"violation": [], "energy": [], "loss": [], "train_s": []})
+                f["violation"].append(_worst(_violation(data.constraints, long, n)))
+                f["energy"].append(energy)
+                f["loss"].append(float(history["loss"][-1]))
+                f["train_s"].append(train_s)
+                if name == "CHNN (RK4)" and size == max(sizes) and s == seeds[0]:
+                    trained_rk4 = trained
+    floor = _perturbation_floor(data, held_out, steps)
+    rows = []
+    for i, size in enumerate(sizes):
+        node_error = _geometric_mean(errors["neural ODE"][i])
         for name in MODELS:
-            model, method = (node0, "rk4") if name == "neural ODE" else (net0, "rattle" if "RATTLE" in name else "rk4")
-            t0 = time.perf_counter()
-            trained, history = geomjax.train(model, train_set, method=method, epochs=epochs, chunk_length=CHUNK,
-                                             batch_size=batch_size,
-                                             key=jax.random.key(seed + 2),
-                                             progress=f"{chain} {name} {size}" if progress else False)
-            train_s = time.perf_counter() - t0
-            long = _long_rollouts(trained, held_out.xs[:, 0], long_steps, data.dt, method)
-            # geomjax.rollout_error's measure, from the first `steps` steps of the same rollouts
-            rel = np.asarray(geomjax.relative_error(long[:, 1 : steps + 1], held_out.xs[:, 1:]))
-            error = float(np.exp(np.mean(np.log(rel))))
-            violation = _worst(_violation(data.constraints, long, n))
-            energy = float("nan") if name == "neural ODE" else _worst(_energy_error(trained, long))
-            errors[name].append(error)
-            found[name] = dict(error=error, violation=violation, energy=energy, loss=float(history["loss"][-1]),
-                               train_s=train_s)
-            if name == "CHNN (RK4)" and size == max(sizes):
-                trained_rk4 = trained
-        for name in MODELS:
-            f = found[name]
+            f, e = found[(size, name)], errors[name][i]
             rows.append({
-                "problem": chain,
+                "problem": problem,
                 "model": name,
                 "train trajectories": size,
                 "train chunks": size * ((steps + 1) // CHUNK),
-                "rollout error": f["error"],
-                "ratio to neural ODE": f["error"] / found["neural ODE"]["error"],
-                "long max |phi|": f["violation"],
-                "long max |dH_theta|": f["energy"],
-                "final loss": f["loss"],
-                "train [s]": f["train_s"],
+                "rollout error": _geometric_mean(e),
+                "seeds": len(e),
+                "lowest of seeds": min(e),
+                "highest of seeds": max(e),
+                "ratio to neural ODE": _geometric_mean(e) / node_error,
+                "perturbation floor": floor,
+                "long max |phi|": max(f["violation"]),
+                "long max |dH_theta|": max(f["energy"]),
+                "final loss": float(np.mean(f["loss"])),
+                "train [s]": float(np.mean(f["train_s"])),
             })
-    # figure 2's rollouts: the RK4-trained CHNN, by RK4 and by RATTLE
+    # figure 2's rollouts: the RK4-trained CHNN (first seed), by RK4 and by RATTLE
     long = {}
     for label, method in (("rolled out by RK4", "rk4"), ("rolled out by RATTLE", "rattle")):
         xs = _long_rollouts(trained_rk4, held_out.xs[:, 0], long_steps, data.dt, method)
         long[label] = {"violation": _violation(data.constraints, xs, n), "energy": _energy_error(trained_rk4, xs)}
     return {
-        "chain": chain, "sizes": list(sizes), "errors": errors, "rows": rows, "long": long, "dt": data.dt,
-        "parameters": {"CHNN": geomjax.parameter_count(net0), "neural ODE": geomjax.parameter_count(node0),
-                       "neural ODE width": node0.network.width_size},
+        "chain": problem, "sizes": list(sizes), "seeds": list(seeds),
+        "errors": {m: [_geometric_mean(e) for e in errors[m]] for m in MODELS},
+        "seed_errors": errors, "floor": floor, "rows": rows, "long": long, "dt": data.dt, "parameters": parameters,
     }
+
+
+def _geometric_mean(values) -> float:
+    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
+
+
+#: The size of the start perturbation of the floor (Finzi, Wang and Wilson's).
+PERTURBATION = 1e-4
+
+
+def _perturbation_floor(data, held_out, steps) -> float:
+    """The rollout error (the same measure) of the true system itself from the held-out
+    starts moved by `PERTURBATION` in a random direction (fixed key) and projected back onto
+    the constraint set (`geomjax.project_holonomic`): what a perfect model measures from
+    starts known to 10⁻⁴ (the runs: RK4 on the data's Dirac field, 30 substeps per
+    observation). Where the data hold velocities they are read off the runs' momenta
+    as q̇ = ∂H/∂p."""
+    starts = held_out.xs[:, 0]
+    n = data.n
+    direction = jax.random.normal(jax.random.key(12345), starts.shape)
+    moved = starts + PERTURBATION * direction / jnp.linalg.norm(direction, axis=1, keepdims=True)
+    system = data.system
+    if data.observed == "velocity":  # the runs need (q, p): p from q̇ through the Legendre map of H, p = 𝕄q̇
+        momenta = jax.vmap(lambda x: _momenta_of(system, x, n))(moved)
+        moved = jnp.concatenate([moved[:, :n], momenta], axis=1)
+    moved = jax.vmap(lambda x: geomjax.project_holonomic(system, x))(moved)  # back onto S, as the data's starts
+    xs = observed_runs(system, moved, data.dt, steps, 30, "rk4")
+    if data.observed == "velocity":
+        xs = jnp.concatenate([xs[..., :n], jax.vmap(jax.vmap(jax.grad(system.hamiltonian)))(xs)[..., n:]], axis=-1)
+    rel = np.asarray(geomjax.relative_error(xs[:, 1 : steps + 1], held_out.xs[:, 1 : steps + 1]))
+    return _geometric_mean(rel)
+
+
+def _momenta_of(system, x, n):
+    """p with ∂H/∂p(q, p) = q̇ for an H quadratic in p (the mechanical systems of the data):
+    ∂H/∂p is affine in p, so one linear solve with its Jacobian at p = 0."""
+    q, v = x[:n], x[n:]
+    dh = lambda p: jax.grad(system.hamiltonian)(jnp.concatenate([q, p]))[n:]  # noqa: E731
+    return jnp.linalg.solve(jax.jacfwd(dh)(jnp.zeros(n)), v - dh(jnp.zeros(n)))
 
 
 def _error_figure(path, results, steps):
@@ -170,12 +229,20 @@ def _error_figure(path, results, steps):
         for i, name in enumerate(MODELS):
             ax.plot(res["sizes"], res["errors"][name], label=name,
                     **_marked(STYLES[name], i, len(MODELS), len(res["sizes"])) | {"markevery": 1})
+            if len(res["seeds"]) > 1:  # the spread over the seeds
+                spread = res["seed_errors"][name]
+                ax.fill_between(res["sizes"], [min(e) for e in spread], [max(e) for e in spread],
+                                color=STYLES[name]["color"], alpha=0.15, linewidth=0)
+        ax.axhline(res["floor"], color="black", linestyle=":", linewidth=1.0,
+                   label="true system, start moved by 1e-4")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"training trajectories (× {(steps + 1) // CHUNK} chunks of {CHUNK})")
         ax.set_title(res["chain"], fontsize=11)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0, 0].set_ylabel(f"rollout error ({steps} steps,\ngeometric mean)")
+    seeds = len(results[0]["seeds"])
+    over = f", {seeds} seeds: band lowest-highest" if seeds > 1 else ""
+    axes[0, 0].set_ylabel(f"rollout error ({steps} steps,\ngeometric mean{over})")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", fontsize="small")
     return _save(fig, path)
@@ -208,7 +275,7 @@ def _long_figure(path, res, dt, chunk_steps):
           quick={"chains": ((1, 2),), "sizes": (8,), "test": 4, "epochs": 40, "width": 32, "depth": 2,
                  "steps": 50, "long_steps": 400, "batch_size": 16})
 def run(out_dir: pathlib.Path, progress: bool, *, chains=DEFAULT_CHAINS, sizes=(10, 30, 100), test=50, steps=100,
-        long_steps=10_000, epochs=150, width=256, depth=3, batch_size=200, seed=0) -> dict:
+        long_steps=10_000, epochs=150, width=256, depth=3, batch_size=200, seed=0, seeds=None) -> dict:
     """Train the three models on each chain of `chains` ((links, space dimension) pairs)
     for every training-set size; measure rollout errors on `test` held-out trajectories
     of `steps` observations, and long rollouts of `long_steps` steps. `batch_size`:
@@ -220,14 +287,15 @@ def run(out_dir: pathlib.Path, progress: bool, *, chains=DEFAULT_CHAINS, sizes=(
     out_dir = pathlib.Path(out_dir)
     long_steps = max(int(long_steps), int(steps))  # the rollout error is read off the long rollouts' first steps
     results = [_one_chain(links, space_dim, sizes=sizes, test=test, steps=steps, long_steps=long_steps, epochs=epochs,
-                          width=width, depth=depth, batch_size=batch_size, seed=seed, progress=progress)
+                          width=width, depth=depth, batch_size=batch_size, seed=seed, seeds=seeds, progress=progress)
                for links, space_dim in chains]
     out = report(NAME, out_dir, results, steps=steps, long_steps=long_steps)
     out["setting"] = {
         "chains": [{"links": r["links"], "space_dim": r["space_dim"], "parameters": r["parameters"],
                     "data_s": r["data_s"]} for r in results],
         "sizes": list(sizes), "test": test, "steps": steps, "dt": results[0]["dt"], "chunk_length": CHUNK,
-        "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh", "seed": seed,
+        "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh",
+        "seeds": results[0]["seeds"],
         "data": "chain_trajectories: RK4 on the Dirac field, 30 substeps per observation (h = 1e-3)",
     }
     return out
@@ -263,7 +331,8 @@ def report(name, out_dir, results, *, steps, long_steps) -> dict:
             f"and its energy error grows from {_tenth(rk4_run['energy'], 0):.1e} over the first tenth "
             f"to {_tenth(rk4_run['energy'], -1):.1e} over the last.")
     return {
-        "rollout_errors": {r["chain"]: {"sizes": r["sizes"], **r["errors"]} for r in results},
+        "rollout_errors": {r["chain"]: {"sizes": r["sizes"], **r["errors"], "perturbation floor": r["floor"],
+                                        "seeds": r["seeds"], "per seed": r["seed_errors"]} for r in results},
         "long_rollouts": {r["chain"]: {k: {"max_violation": _worst(v["violation"]), "max_energy_error": _worst(v["energy"]),
                                            "final_violation": float(v["violation"][-1]),
                                            "energy_error_first_tenth": _tenth(v["energy"], 0),

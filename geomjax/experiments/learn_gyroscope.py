@@ -36,7 +36,7 @@ NAME = "learn-gyroscope"
           quick={"sizes": (6,), "test": 3, "epochs": 30, "width": 32, "depth": 2, "steps": 50, "long_steps": 300,
                  "batch_size": 16})
 def run(out_dir: pathlib.Path, progress: bool, *, sizes=(10, 30, 100), test=30, steps=100, long_steps=5_000,
-        epochs=150, width=256, depth=3, batch_size=200, seed=0) -> dict:
+        epochs=150, width=256, depth=3, batch_size=200, seed=0, seeds=None) -> dict:
     """Train the three models on the gyroscope's trajectories for every training-set size
     of `sizes`; measure rollout errors on `test` held-out trajectories of `steps`
     observations, and long rollouts of `long_steps` steps.
@@ -50,12 +50,13 @@ def run(out_dir: pathlib.Path, progress: bool, *, sizes=(10, 30, 100), test=30, 
     data = geomjax.models.gyroscope_trajectories(max(sizes) + test, steps=steps, key=jax.random.key(seed))
     data_s = time.perf_counter() - start
     result = learn_problem(data, "gyroscope", sizes=sizes, steps=steps, long_steps=long_steps, epochs=epochs,
-                           width=width, depth=depth, batch_size=batch_size, seed=seed, progress=progress)
+                           width=width, depth=depth, batch_size=batch_size, seed=seed, seeds=seeds, progress=progress)
     out = report(NAME, out_dir, [result], steps=steps, long_steps=long_steps)
     out["setting"] = {
         "problem": "gyroscope", "parameters": result["parameters"], "data_s": data_s,
         "sizes": list(sizes), "test": test, "steps": steps, "dt": result["dt"], "chunk_length": CHUNK,
-        "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh", "seed": seed,
+        "long_steps": long_steps, "epochs": epochs, "batch_size": batch_size, "mlp": f"{depth}x{width} tanh",
+        "seeds": result["seeds"],
         "data": "gyroscope_trajectories: RK4 on the Dirac field, 40 substeps per observation (h = 5e-4)",
     }
     return out
