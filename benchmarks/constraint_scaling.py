@@ -35,7 +35,7 @@ gains chosen for h by `feedback_field(..., dt=h)`), µs per step in a plain `lax
 the explicit step: geomjax's sparse derivation (`geomjax._field.derived.GramDiracPlan`:
 A = G M⁻¹Gᵀ by block Cholesky or CG, C never formed), the dense derivation (C column by
 column, LAPACK), and the Dirac field written by hand for rod networks
-(`geomjax.experiments._rod_floors.dirac_field_floor`: C's blocks in closed form, A by
+(`geomjax.experiments.rod_floors.dirac_field_floor`: C's blocks in closed form, A by
 block-banded Cholesky or Jacobi-PCG; checked against geomjax to 1e−10 first), with
 geomjax ÷ best floor, and the Dirac RK4 run through `integrate`.
 
@@ -63,7 +63,7 @@ from jax import lax
 
 import geomjax
 from _harness import timeit
-from geomjax.experiments._rod_floors import (H_STEP, check_field_floors, check_floors, dirac_field_floor,
+from geomjax.experiments.rod_floors import (H_STEP, check_field_floors, check_floors, dense_dirac_field, dirac_field_floor,
                                              field_floor_scan, field_scan, floors, geomjax_scan, scan_run)
 
 
@@ -129,15 +129,6 @@ def run_case(kind, size, args):
     return m, rows
 
 
-def dense_dirac(system):
-    """The Dirac field with C formed densely (one pullback per constraint, LAPACK): what the
-    derivation costs without the sparsity (the comparison for the fields)."""
-    from geomjax._field import derived
-
-    s = system.structure
-    return lambda x: s.merge(derived.dirac_vector(derived.dense_constraint_data(system, s.split(x))))
-
-
 def run_fields(kind, size, args):
     """µs per step of the Dirac field (Euler, RK4) and of the feedback field (Euler):
     geomjax's sparse derivation, the dense derivation (up to `--dense-max`) and the
@@ -154,7 +145,7 @@ def run_fields(kind, size, args):
     for method, label in (("euler", "Euler"), ("rk4", "RK4")):
         cases[f"Dirac {label}"] = field_scan(dirac, method, steps, H_STEP)
         if m <= args.dense_max:
-            cases[f"Dirac {label} dense"] = field_scan(dense_dirac(model.system), method, steps, H_STEP)
+            cases[f"Dirac {label} dense"] = field_scan(dense_dirac_field(model.system), method, steps, H_STEP)
         for solver in ("banded", "CG") if m // 2 <= args.floor_max else ("banded",):
             cases[f"floor {solver} {label}"] = field_floor_scan(dirac_field_floor(model, solver), method, steps, H_STEP)
     cases["feedback Euler"] = field_scan(feedback, "euler", steps, H_STEP)

@@ -23,11 +23,11 @@ import time
 
 import equinox as eqx
 import jax
+import optax
 import jax.numpy as jnp
 import numpy as np
 
 import geomjax
-from geomjax._learning.training import default_optimizer
 
 
 def hand_written_trainer(net, chunks, dt, batch_size, epochs, optimizer):
@@ -146,7 +146,8 @@ def main():
     )
     print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), jax {jax.__version__}")
 
-    optimizer = default_optimizer(args.epochs * batches)
+    # geomjax.train's default (Finzi, Wang and Wilson's): AdamW 3e-3, weight decay 1e-4, cosine to 0
+    optimizer = optax.adamw(optax.cosine_decay_schedule(3e-3, args.epochs * batches), weight_decay=1e-4)
     params, state, hand_epoch, order_of, hand_compile = hand_written_trainer(
         net, chunks, data.dt, args.batch, args.epochs, optimizer
     )

@@ -350,7 +350,7 @@ def test_rod_models_start_on_their_constraint_sets(build):
 def test_hand_written_floors_agree_with_geomjax():
     """The benchmark's floors (`benchmarks/constraint_scaling.py`, the `scaling` experiment)
     integrate the same motion as geomjax: the ratios they print compare equal work."""
-    from geomjax.experiments._rod_floors import check_floors
+    from geomjax.experiments.rod_floors import check_floors
 
     check_floors(geomjax.models.rod_ring(16))
 

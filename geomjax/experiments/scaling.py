@@ -13,7 +13,7 @@ Methods:
   off the jaxpr; a block Cholesky factorization in reverse Cuthill–McKee order where the
   band is narrow, conjugate gradients otherwise;
 - geomjax dense: `structured=False` (k forward products and a dense LU), for m ≤ 300;
-- the hand-written floors of `geomjax.experiments._rod_floors`: block-banded Cholesky,
+- the hand-written floors of `geomjax.experiments.rod_floors`: block-banded Cholesky,
   and the chord iteration with Jacobi-preconditioned CG (warm-started multipliers), for
   m ≤ 600 (its iterations grow with the condition number, which grows with the size
   of a cloth or a ring).
@@ -35,7 +35,7 @@ import geomjax
 
 from . import register
 from ._common import _figure, _marked, _positive, _save, _title
-from ._rod_floors import cg_floor, banded_floor, geomjax_scan, scan_run
+from .rod_floors import cg_floor, banded_floor, geomjax_scan, scan_run
 
 NAME = "scaling"
 DEFAULT_SIZES = {"cloth": (4, 8, 16, 32), "tree": (64, 256, 1024), "ring": (64, 256, 1024), "water": (2, 4, 6)}

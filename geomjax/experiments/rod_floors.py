@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 import geomjax
+from geomjax._field import derived
 from geomjax._solve.krylov import INNER_RTOL
 
 H_STEP = 2e-3
@@ -443,3 +444,10 @@ def check_floors(model):
         bound = 1e-7 if name == "SHAKE" else 1e-10
         assert err < bound, f"{model.name}: floor {name} differs from geomjax by {err:.3g}"
         print(f"  check {model.name}: {name} agrees with geomjax to {err:.1e} after 100 steps")
+
+
+def dense_dirac_field(system):
+    """The Dirac field with C formed densely (one pullback per constraint, LAPACK): what
+    geomjax's derivation costs without the sparsity (the comparison for the fields)."""
+    s = system.structure
+    return lambda x: s.merge(derived.dirac_vector(derived.dense_constraint_data(system, s.split(x))))
