@@ -49,9 +49,12 @@ NAME = "learn-chain-pendulum"
 
 CHUNK = 5  # observations per training chunk (theirs)
 MODELS = ("neural ODE", "second-order neural ODE", "CHNN (RK4)", "CHNN (RATTLE)")
+#: The paper's baseline for planar chains: a neural ODE on the link angles and their rates.
+ANGLE_MODEL = "angle neural ODE"
 STYLES = {
     "neural ODE": {"color": "tab:gray"},
     "second-order neural ODE": {"color": "tab:olive"},
+    "angle neural ODE": {"color": "tab:purple"},
     "CHNN (RK4)": {"color": "tab:blue"},
     "CHNN (RATTLE)": {"color": "tab:red"},
     "rolled out by RK4": {"color": "tab:blue"},
@@ -100,23 +103,29 @@ def _one_chain(links, space_dim, *, sizes, test, steps, seed, **training):
     start = time.perf_counter()
     data = geomjax.chain_trajectories(links, max(sizes) + test, steps=steps, space_dim=space_dim,
                                       key=jax.random.key(seed))
-    out = learn_problem(data, _chain_name(links, space_dim), sizes=sizes, steps=steps, seed=seed, **training)
+    angles = _planar_angles(data) if space_dim == 2 else None
+    out = learn_problem(data, _chain_name(links, space_dim), sizes=sizes, steps=steps, seed=seed, angles=angles,
+                        **training)
     return out | {"links": links, "space_dim": space_dim, "data_s": time.perf_counter() - start}
 
 
 def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, depth, batch_size, seed, progress,
-                  seeds=None):
+                  seeds=None, angles=None):
     """Train the `MODELS` on the first `size` trajectories of `data`, for each of `sizes`
     and each seed of `seeds` (default: `seed` alone; the seed sets the networks'
     initialisation and the minibatches, the data stay), and measure them on the
     trajectories after the first `max(sizes)` (held out): rollout errors (per seed), long
     rollouts (constraint violation, learned-energy error), the perturbation floor (the true
     system from the held-out starts moved by 10⁻⁴, `_perturbation_floor`), and figure 2's
-    rollouts of the RK4-trained CHNN at the largest size by RK4 and by RATTLE."""
+    rollouts of the RK4-trained CHNN at the largest size by RK4 and by RATTLE. `angles`:
+    (to angles, to Cartesian) maps of the observed states of a planar chain, for the
+    paper's baseline, a neural ODE on the link angles (`ANGLE_MODEL`), trained on the data
+    in angles and rolled out there, its rollouts measured in Cartesian coordinates."""
     seeds = (seed,) if seeds is None else tuple(int(s) for s in seeds)
     pool, held_out = data.split(max(sizes))
     n = data.n
-    errors = {m: [[] for _ in sizes] for m in MODELS}
+    models = MODELS if angles is None else (ANGLE_MODEL,) + MODELS
+    errors = {m: [[] for _ in sizes] for m in models}
     found = {}
     trained_rk4 = parameters = None
     for s in seeds:
@@ -124,20 +133,34 @@ def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, dep
                                                      depth=depth, key=jax.random.key(s + 1))
         node0 = geomjax.NeuralODE.sized_like(net0, key=jax.random.key(s + 1))
         second0 = geomjax.NeuralODE.sized_like(net0, order=2, key=jax.random.key(s + 1))
+        if angles is not None:  # on (θ, θ̇) ∈ R^(2N), about as many parameters
+            angle_dim = n  # N angles and N rates for the 2N Cartesian coordinates of a planar chain
+            angle_width = geomjax.NeuralODE.width_for(geomjax.parameter_count(net0), angle_dim, depth)
+            angle0 = geomjax.NeuralODE(angle_dim, width_size=angle_width, depth=depth, key=jax.random.key(s + 1))
         parameters = parameters or {"CHNN": geomjax.parameter_count(net0), "neural ODE": geomjax.parameter_count(node0),
                                     "neural ODE width": node0.network.width_size,
                                     "second-order neural ODE": geomjax.parameter_count(second0)}
         for i, size in enumerate(sizes):
             train_set, _ = pool.split(size)
-            for name in MODELS:
-                model, method = {"neural ODE": (node0, "rk4"), "second-order neural ODE": (second0, "rk4"),
-                                 "CHNN (RK4)": (net0, "rk4"), "CHNN (RATTLE)": (net0, "rattle")}[name]
-                t0 = time.perf_counter()
-                trained, history = geomjax.train(model, train_set, method=method, epochs=epochs, chunk_length=CHUNK,
-                                                 batch_size=batch_size, key=jax.random.key(s + 2),
-                                                 progress=f"{problem} {name} {size} seed {s}" if progress else False)
-                train_s = time.perf_counter() - t0
-                long = _long_rollouts(trained, held_out.xs[:, 0], long_steps, data.dt, method)
+            for name in models:
+                if name == ANGLE_MODEL:
+                    t0 = time.perf_counter()
+                    trained, history = geomjax.train(angle0, angles[0](train_set.xs), dt=data.dt, method="rk4",
+                                                     epochs=epochs, chunk_length=CHUNK, batch_size=batch_size,
+                                                     key=jax.random.key(s + 2),
+                                                     progress=f"{problem} {name} {size} seed {s}" if progress else False)
+                    train_s = time.perf_counter() - t0
+                    starts = angles[0](held_out.xs[:, :1])[:, 0]
+                    long = angles[1](_long_rollouts(trained, starts, long_steps, data.dt, "rk4"))
+                else:
+                    model, method = {"neural ODE": (node0, "rk4"), "second-order neural ODE": (second0, "rk4"),
+                                     "CHNN (RK4)": (net0, "rk4"), "CHNN (RATTLE)": (net0, "rattle")}[name]
+                    t0 = time.perf_counter()
+                    trained, history = geomjax.train(model, train_set, method=method, epochs=epochs, chunk_length=CHUNK,
+                                                     batch_size=batch_size, key=jax.random.key(s + 2),
+                                                     progress=f"{problem} {name} {size} seed {s}" if progress else False)
+                    train_s = time.perf_counter() - t0
+                    long = _long_rollouts(trained, held_out.xs[:, 0], long_steps, data.dt, method)
                 # geomjax.rollout_error's measure, from the first `steps` steps of the same rollouts
                 rel = np.asarray(geomjax.relative_error(long[:, 1 : steps + 1], held_out.xs[:, 1:]))
                 errors[name][i].append(float(np.exp(np.mean(np.log(rel)))))
@@ -153,7 +176,7 @@ def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, dep
     rows = []
     for i, size in enumerate(sizes):
         node_error = _geometric_mean(errors["neural ODE"][i])
-        for name in MODELS:
+        for name in models:
             f, e = found[(size, name)], errors[name][i]
             rows.append({
                 "problem": problem,
@@ -178,9 +201,39 @@ def learn_problem(data, problem, *, sizes, steps, long_steps, epochs, width, dep
         long[label] = {"violation": _violation(data.constraints, xs, n), "energy": _energy_error(trained_rk4, xs)}
     return {
         "chain": problem, "sizes": list(sizes), "seeds": list(seeds),
-        "errors": {m: [_geometric_mean(e) for e in errors[m]] for m in MODELS},
+        "models": list(models), "errors": {m: [_geometric_mean(e) for e in errors[m]] for m in models},
         "seed_errors": errors, "floor": floor, "rows": rows, "long": long, "dt": data.dt, "parameters": parameters,
     }
+
+
+def _planar_angles(data):
+    """(to angles, to Cartesian) for the observed states (q, q̇) of a planar chain hanging
+    from the origin: link vectors d_i = q_i − q_{i−1} = ℓ_i(sin θ_i, −cos θ_i), θ̇_i =
+    (d_i × ḋ_i)/ℓ_i²; back, q_i = Σ_{j≤i} d_j and q̇_i = Σ_{j≤i} ℓ_jθ̇_j(cos θ_j, sin θ_j). The
+    angles of each trajectory are unwrapped along its time axis (no jump of 2π inside a
+    training chunk). The lengths ℓ_i are read off the first observation."""
+    n_links = data.n // 2
+    first = np.asarray(data.xs[0, 0, : data.n]).reshape(n_links, 2)
+    lengths = jnp.asarray(np.linalg.norm(np.diff(first, axis=0, prepend=np.zeros((1, 2))), axis=1))
+
+    def links(flat):
+        points = flat.reshape(flat.shape[:-1] + (n_links, 2))
+        return jnp.diff(points, axis=-2, prepend=jnp.zeros_like(points[..., :1, :]))
+
+    def to_angles(xs):  # (B, T, 4N) → (B, T, 2N)
+        d, dd = links(xs[..., : data.n]), links(xs[..., data.n :])
+        theta = jnp.unwrap(jnp.arctan2(d[..., 0], -d[..., 1]), axis=1)
+        rate = (d[..., 0] * dd[..., 1] - d[..., 1] * dd[..., 0]) / lengths**2
+        return jnp.concatenate([theta, rate], axis=-1)
+
+    def to_cartesian(states):  # (B, T, 2N) → (B, T, 4N)
+        theta, rate = states[..., :n_links], states[..., n_links:]
+        d = lengths[:, None] * jnp.stack([jnp.sin(theta), -jnp.cos(theta)], axis=-1)
+        dd = (lengths * rate)[..., None] * jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
+        q, v = jnp.cumsum(d, axis=-2), jnp.cumsum(dd, axis=-2)
+        return jnp.concatenate([q.reshape(q.shape[:-2] + (-1,)), v.reshape(v.shape[:-2] + (-1,))], axis=-1)
+
+    return to_angles, to_cartesian
 
 
 def _geometric_mean(values) -> float:
@@ -226,9 +279,9 @@ def _error_figure(path, results, steps):
     k = len(results)
     fig, axes = _figure(1, k, size=(4.6 * k + 1.8, 4.0), sharex=False)
     for ax, res in zip(axes[0], results):
-        for i, name in enumerate(MODELS):
+        for i, name in enumerate(res["models"]):
             ax.plot(res["sizes"], res["errors"][name], label=name,
-                    **_marked(STYLES[name], i, len(MODELS), len(res["sizes"])) | {"markevery": 1})
+                    **_marked(STYLES[name], i, len(res["models"]), len(res["sizes"])) | {"markevery": 1})
             if len(res["seeds"]) > 1:  # the spread over the seeds
                 spread = res["seed_errors"][name]
                 ax.fill_between(res["sizes"], [min(e) for e in spread], [max(e) for e in spread],
@@ -313,7 +366,7 @@ def report(name, out_dir, results, *, steps, long_steps) -> dict:
     findings = []
     for res in results:
         ratios = {model: [e_n / e for e, e_n in zip(res["errors"][model], res["errors"]["neural ODE"])]
-                  for model in MODELS[1:]}
+                  for model in res["models"] if model != "neural ODE"}
         sizes = ", ".join(str(s) for s in res["sizes"])
         for model, r in ratios.items():
             findings.append(f"{res['chain']}: rollout error of the neural ODE / the {model}'s = "
