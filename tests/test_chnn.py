@@ -251,3 +251,24 @@ def test_rollout_error_gives_both_measures_of_the_paper():
     np.testing.assert_allclose(rel, np.linalg.norm(pr - xs, axis=-1) / np.linalg.norm(pr + xs, axis=-1), rtol=1e-12)
     with pytest.raises(ValueError, match="aggregate must be one of"):
         geomjax.rollout_error(net, data, aggregate="median")
+
+
+def test_planar_chain_angles_round_trip():
+    """The learning experiment's angle coordinates of a planar chain (the paper's baseline):
+    Cartesian (q, q̇) → (θ, θ̇) → (q, q̇) exactly, angles unwrapped along time (a link turning
+    past ±π does not jump by 2π)."""
+    from types import SimpleNamespace
+
+    from geomjax.experiments.learn_chain import _planar_angles
+    from geomjax.models._chain import _chain_state
+
+    params = {"length": jnp.asarray(1.0), "m": jnp.asarray(1.0)}
+    t = jnp.linspace(0.0, 2.0, 9)
+    thetas = jnp.stack([2.0 * t + 2.5, 0.3 * jnp.sin(t)], axis=1)  # link 1 turns past π
+    rates = jnp.stack([jnp.full_like(t, 2.0), 0.3 * jnp.cos(t)], axis=1)
+    xs = jax.vmap(lambda a, r: _chain_state(params, a, r))(thetas, rates)[None]  # (1, 9, 8): m = 1, p = q̇
+    to_angles, to_cartesian = _planar_angles(SimpleNamespace(n=4, xs=xs))
+    angles = to_angles(xs)
+    np.testing.assert_allclose(angles[0, :, :2], thetas, atol=1e-12)
+    np.testing.assert_allclose(angles[0, :, 2:], rates, atol=1e-12)
+    np.testing.assert_allclose(to_cartesian(angles), xs, atol=1e-12)
