@@ -81,6 +81,7 @@ def test_gyroscope_keeps_its_spin_vertical_momentum_and_energy():
     assert np.ptp(np.unwrap(azimuths)) > 0.5  # it precesses
 
 
+@pytest.mark.extended  # 2.6 s; the rotor's momenta are declared integrals, which every integrate run monitors
 def test_rotor_flips_about_its_intermediate_axis_keeping_its_momenta():
     """The free body started nearly about its intermediate axis turns over (Dzhanibekov):
     the angular velocity's component along the body's second axis changes sign, while L

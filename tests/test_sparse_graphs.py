@@ -409,7 +409,9 @@ def test_a_singular_sparse_constraint_matrix_is_reported_at_the_start():
         geomjax.integrate(geomjax.dirac_field(system), model.x0, dt=1e-3, steps=2)
 
 
-@pytest.mark.parametrize("structured", ["krylov", "banded"])
+# the Krylov variant in the extended job (7 s): its implicit differentiation is checked
+# against central differences by test_gradient_through_sparse_rattle_matches_central_differences
+@pytest.mark.parametrize("structured", [pytest.param("krylov", marks=pytest.mark.extended), "banded"])
 def test_step_jacobians_forward_reverse_and_batched_agree(structured):
     """jacfwd (a vmap over tangents: a flag carried out of the solves as auxiliary output
     came out batched there and broke it) and jacrev of a sparse RATTLE step agree."""
@@ -474,11 +476,10 @@ def test_rattle_reusing_factors_across_steps_matches_rattle():
     runs = [jax.jit(lambda x, s=s: geomjax.integrate(s, x, dt=H, steps=12, drift_tol=None).x_final)
             for s in (plain, reusing)]
     a, b = (r(model.x0) for r in runs)
+    assert bool(jnp.all(jnp.isfinite(b)))  # a failed run ends in NaN
     np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11)
     n = model.x0.shape[0] // 2
     assert float(jnp.max(jnp.abs(model.system.holonomic(b[:n])))) < 1e-12
-    sol = geomjax.integrate(reusing, model.x0, dt=H, steps=12)
-    assert sol.result == RESULTS.successful and sol.xs.shape[-1] == model.x0.shape[0]
     tangent = jnp.zeros_like(model.x0).at[n:].set(jnp.sin(jnp.arange(n)))
     ja, jb = (jax.jvp(r, (model.x0,), (tangent,))[1] for r in runs)
     np.testing.assert_allclose(jb, ja, rtol=1e-8, atol=1e-8)
