@@ -390,6 +390,7 @@ def test_dirac_field_on_sparse_graphs_matches_dense(build):
     np.testing.assert_allclose(tangent, ref, atol=1e-6 * float(jnp.max(jnp.abs(ref))))
 
 
+@pytest.mark.extended  # 8 s; the feedback field reads the sparse constraint data the Dirac-field tests check against dense
 def test_feedback_field_on_a_sparse_graph_keeps_the_constraints():
     model = geomjax.models.cloth(4)
     field = geomjax.feedback_field(model.system, model.x0, dt=1e-3, method="rk4")  # gains chosen for h

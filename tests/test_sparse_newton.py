@@ -105,6 +105,7 @@ def test_a_singular_matrix_gives_non_finite_factors_not_a_wrong_solve(rng):
     assert not bool(jnp.all(jnp.isfinite(x)))
 
 
+@pytest.mark.extended  # 10 s; block-LU Newton against dense is also checked (default run) by the affine Dirac-1 and the gradient/vmap tests below
 def test_implicit_steps_on_a_cloth_use_blocks_and_match_the_dense_newton(monkeypatch):
     """Every implicit step with a Newton solve (Dirac-1 with position constraints,
     Dirac–Runge–Kutta, RATTLE for a non-separable H, projection) on an 8 × 8 cloth (116
