@@ -246,7 +246,9 @@ def test_tree_dirac_field_with_a_border_matches_the_dense_field():
     np.testing.assert_allclose(sparse, dense, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("structured", ["krylov", "banded"])
+# the banded variant in the extended job (7 s): its derivatives are checked forward, reverse and batched by
+# test_step_jacobians_forward_reverse_and_batched_agree[banded]
+@pytest.mark.parametrize("structured", ["krylov", pytest.param("banded", marks=pytest.mark.extended)])
 def test_gradient_through_sparse_rattle_matches_central_differences(structured):
     """d/dg of a loss after 50 steps of a 4 × 4 cloth, g closed over by H (jit of grad)."""
     model = geomjax.models.cloth(4)
@@ -364,7 +366,10 @@ def _dense_dirac(system, x):
     return s.merge(derived.dirac_vector(derived.dense_constraint_data(system, s.split(x))))
 
 
-@pytest.mark.parametrize("build", [lambda: geomjax.models.cloth(4), lambda: geomjax.models.rod_ring(20),
+# the ring in the extended job (5 s): the same Gram path as the cloth's, and the tree's (with a border) is
+# checked against the dense field by test_tree_dirac_field_with_a_border_matches_the_dense_field
+@pytest.mark.parametrize("build", [lambda: geomjax.models.cloth(4),
+                                   pytest.param(lambda: geomjax.models.rod_ring(20), marks=pytest.mark.extended),
                                    pytest.param(lambda: geomjax.models.water_box(2), marks=pytest.mark.extended)],
                          ids=["cloth", "ring", "water"])
 def test_dirac_field_on_sparse_graphs_matches_dense(build):
@@ -526,6 +531,7 @@ def test_a_failed_sparse_solve_names_the_solve_the_step_and_the_residual(monkeyp
     assert position > 1e-1  # above its bound: the residual that failed
 
 
+@pytest.mark.extended  # 5 s; the failed-solve message itself is checked on the ring held to 2 CG iterations
 def test_the_residual_is_measured_at_the_last_good_state_between_saves():
     """A failure at step 5 of a run saved every 3 steps: the diagnosis repeats the step at
     state 4 (run on from the save at step 3), as a direct call there does."""
