@@ -78,6 +78,7 @@ def _legendre_values():
     return values
 
 
+@pytest.mark.extended  # 9 s (one large compile); the Legendre maps of LagrangianSystem run in every Lagrangian test (dirac, dirac_rk, herglotz, the bad-input table)
 def test_legendre_both_ways_at_random_states(rng):
     for _ in range(3):
         q, p = rng.normal(size=2), rng.normal(size=2)

@@ -154,6 +154,7 @@ def double_pendulum():
     return model, _double_pendulum_starts(4, 1), _double_pendulum_starts(4, 2)
 
 
+@pytest.mark.extended  # 7 s; tune_gains against the papers' gains is also the gain-tuning experiment's test (tests/test_gain_tuning_experiment.py)
 def test_tuning_beats_the_papers_gains_on_held_out_states_and_keeps_the_bound(double_pendulum):
     model, train, test = double_pendulum
     h, steps = 1e-3, 200
