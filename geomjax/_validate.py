@@ -325,8 +325,10 @@ def require_invertible(matrix, what: str, reason: str, where: str = "at x0") -> 
     )
 
     def singular(xp, c):
+        if c.size == 0:
+            return False
         sv = xp.linalg.svd(c, compute_uv=False)
-        return (sv.size > 0) & ((sv[0] == 0.0) | (sv[-1] <= 1e-12 * xp.maximum(sv[0], 1.0))) if sv.size else False
+        return (sv[0] == 0.0) | (sv[-1] <= 1e-12 * xp.maximum(sv[0], 1.0))
 
     check(
         matrix,

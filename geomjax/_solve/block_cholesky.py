@@ -86,6 +86,7 @@ MAX_BORDER = 48
 
 #: The hubs tried as borders (`bordered_order`): the nodes of highest degree.
 _BORDER_CANDIDATES = 6
+#: A border is kept where its estimated work is under this fraction of the plain order's.
 _BORDER_GAIN = 0.75
 
 
@@ -95,8 +96,8 @@ def _band(rows: np.ndarray, cols: np.ndarray, where: np.ndarray, keep: np.ndarra
     return int(np.max(np.abs(where[rows[both]] - where[cols[both]]), initial=0))
 
 
-def bordered_order(pattern: Pattern) -> tuple[np.ndarray, int, int, int]:
-    """(perm, band, r, plain band): an order of a square sparse pattern whose first m − r rows form a
+def bordered_order(pattern: Pattern) -> tuple[np.ndarray, int, int]:
+    """(perm, band, r): an order of a square sparse pattern whose first m − r rows form a
     narrow band and whose last r rows, the border, may couple to any row.
 
     A hub (a particle many constraints share, a pinned root of a tree of rods) joins many
@@ -120,10 +121,11 @@ def bordered_order(pattern: Pattern) -> tuple[np.ndarray, int, int, int]:
     band = _band(rows, cols, inverse_permutation(plain), np.ones(m, bool))
     best = (max(band, MIN_BLOCK) ** 2 * m * _BORDER_GAIN, plain, band, 0)
     if band <= MIN_BLOCK:
-        return plain, band, 0, band
+        return plain, band, 0
     degree = np.array([len(s) for s in neighbours])
+    hub_degree = 2 * np.median(degree)
     for hub in np.argsort(-degree, kind="stable")[:_BORDER_CANDIDATES]:
-        if degree[hub] < 2 * np.median(degree):  # not a hub: a grid's rows are alike
+        if degree[hub] < hub_degree:  # not a hub: a grid's rows are alike
             break
         border = np.concatenate([[hub], neighbours[hub]])
         r = border.shape[0]
@@ -137,7 +139,7 @@ def bordered_order(pattern: Pattern) -> tuple[np.ndarray, int, int, int]:
         cost = (m - r) * s * s + 2 * (m - r) * s * r + r**3 / 3
         if cost < best[0]:
             best = (cost, perm, inner, r)
-    return best[1], best[2], best[3], band
+    return best[1], best[2], best[3]
 
 
 def _bfs(root, neighbours, degree, seen):
@@ -168,12 +170,10 @@ class BlockPlan(eqx.Module):
     symmetric: ClassVar[bool] = True
 
     @classmethod
-    def from_pattern(cls, pattern: Pattern, max_block: int | None = None, *, plain_band_limit: bool = False):
-        """The plan for a square sparse pattern, or None where it has dense rows or its RCM
-        bandwidth exceeds `max_block` (with `plain_band_limit`, the band of the plain RCM
-        order, before a border narrows it: the test for callers whose alternative, warm-started
-        conjugate gradients, was measured against that band)."""
-        layout = block_layout(pattern, max_block, symmetric=cls.symmetric, plain_band_limit=plain_band_limit)
+    def from_pattern(cls, pattern: Pattern, max_block: int | None = None):
+        """The plan for a square sparse pattern, or None where it has dense rows or its band
+        (after a border, `bordered_order`, narrows it) exceeds `max_block`."""
+        layout = block_layout(pattern, max_block, symmetric=cls.symmetric)
         return None if layout is None else cls._from_layout(layout)
 
     @classmethod
@@ -364,11 +364,10 @@ class BlockLayout(NamedTuple):
     corner: np.ndarray
 
 
-def block_layout(pattern: Pattern, max_block: int | None, symmetric: bool, plain_band_limit: bool = False) -> BlockLayout | None:
+def block_layout(pattern: Pattern, max_block: int | None, symmetric: bool) -> BlockLayout | None:
     """The `BlockLayout` of a block-tridiagonal plan for a square sparse pattern in RCM
     order (see `BlockCholeskyPlan`), or None where the pattern has dense rows or its band
-    exceeds `max_block` (the plain RCM band's, with `plain_band_limit`). A symmetric pattern
-    may get a border (`bordered_order`).
+    exceeds `max_block`. A symmetric pattern may get a border (`bordered_order`).
 
     `source[0]`, `source[1]`: where each entry of the diagonal blocks and of the blocks below
     them sits in the flattened compressed products; with `symmetric=False` also
@@ -380,12 +379,11 @@ def block_layout(pattern: Pattern, max_block: int | None, symmetric: bool, plain
     rows, cols = pattern.nonzeros()
     both_rows, both_cols = np.concatenate([rows, cols, np.arange(m)]), np.concatenate([cols, rows, np.arange(m)])
     if symmetric:
-        perm, band, r, plain = bordered_order(pattern)
+        perm, band, r = bordered_order(pattern)
     else:
         perm, r = rcm_order(pattern), 0
-        where = inverse_permutation(perm)
-        band = plain = int(np.max(np.abs(where[both_rows] - where[both_cols])))
-    if max_block is not None and (plain if plain_band_limit else band) > max_block:
+        band = _band(rows, cols, inverse_permutation(perm), np.ones(m, bool))
+    if max_block is not None and band > max_block:
         return None
     where = inverse_permutation(perm)
     if symmetric:

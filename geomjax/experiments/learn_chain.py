@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import geomjax
+from geomjax._system.legendre import solve_gradient
 from geomjax.models._trajectories import observed_runs
 
 from . import register
@@ -268,11 +269,10 @@ def _perturbation_floor(data, held_out, steps) -> float:
 
 
 def _momenta_of(system, x, n):
-    """p with ∂H/∂p(q, p) = q̇ for an H quadratic in p (the mechanical systems of the data):
-    ∂H/∂p is affine in p, so one linear solve with its Jacobian at p = 0."""
-    q, v = x[:n], x[n:]
-    dh = lambda p: jax.grad(system.hamiltonian)(jnp.concatenate([q, p]))[n:]  # noqa: E731
-    return jnp.linalg.solve(jax.jacfwd(dh)(jnp.zeros(n)), v - dh(jnp.zeros(n)))
+    """p with ∂H/∂p(q, p) = q̇ (the inverse Legendre map; one linear solve, H being
+    quadratic in p for the mechanical systems of the data)."""
+    hamiltonian = lambda q, p: system.hamiltonian(jnp.concatenate([q, p]))  # noqa: E731
+    return solve_gradient(hamiltonian, x[:n], x[n:], quadratic=True)
 
 
 def _error_figure(path, results, steps):

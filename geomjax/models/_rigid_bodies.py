@@ -24,6 +24,7 @@ from jax.tree_util import Partial
 
 from .._system.structures import canonical
 from .._system.system import System
+from ._rod_networks import _Indices
 
 #: The pairs of a body's four points held at fixed distances, and their squared distances.
 _PAIRS = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
@@ -183,27 +184,33 @@ class RigidBodies:
         return out
 
     def _joint_arrays(self):
-        """(W, D, c): row r of the joint constraints is ⟨Σ_a W_ra x_a, D_r⟩ − c_r."""
-        points = 4 * self.count
-        weights = np.zeros((len(self._rows), points))
+        """(points (R, 8), weights (R, 8), directions (R, 3), values (R,)): row r of the joint
+        constraints is ⟨Σ_k weights_rk x_{points_rk}, directions_r⟩ − values_r, over the four
+        points of each of its (one or two) bodies: gathers, so each row depends on at most
+        eight points and the constraints stay sparse whatever the number of bodies."""
+        points = np.zeros((len(self._rows), 8), np.int64)
+        weights = np.zeros((len(self._rows), 8))
         for r, (terms, _, _) in enumerate(self._rows):
-            for body, w in terms:
-                weights[r, 4 * body : 4 * body + 4] += w
+            for slot, (body, w) in enumerate((terms * 2)[:2]):
+                points[r, 4 * slot : 4 * slot + 4] = 4 * body + np.arange(4)
+                weights[r, 4 * slot : 4 * slot + 4] = w if slot < len(terms) else 0.0
         directions = np.array([d for _, d, _ in self._rows]).reshape(-1, 3)
         values = np.array([v for _, _, v in self._rows])
-        return weights, directions, values
+        return points, weights, directions, values
 
     def system(self, gravity: float = 0.0, potential=None, integrals=None, integral_names=()) -> System:
         """The `geomjax.System`: H = ½pᵀ(𝕄⁻¹ ⊗ I₃)p + g Σ_b M_b z_b + V(q) (z_b the height of
         body b's centre of mass, gravity along −z; `potential`: an optional V(q) of the flat
         points q), with the constraints of the class docstring as `holonomic=` and the
-        first `integrals` the system has (`integral_names`, one per entry, name them)."""
-        inverse = np.linalg.inv(self.mass_matrix())
-        heights = np.zeros(4 * self.count)
-        heights[0::4] = self.masses
-        weights, directions, values = self._joint_arrays()
-        ham = Partial(_hamiltonian, jnp.asarray(inverse), jnp.asarray(heights), jnp.asarray(float(gravity)), potential)
-        con = Partial(_constraints, self.count, jnp.asarray(weights), jnp.asarray(directions), jnp.asarray(values))
+        first `integrals` the system has (`integral_names`, one per entry, name them).
+        𝕄⁻¹ is applied body by body (B × 4 × 4), never as a dense matrix over all points."""
+        if not self.count:
+            raise ValueError("add a body first (RigidBodies.add_body)")
+        inverse = np.stack([np.linalg.inv(body_mass_matrix(m, i)) for m, i in zip(self.masses, self.inertias)])
+        points, weights, directions, values = self._joint_arrays()
+        ham = Partial(_hamiltonian, jnp.asarray(inverse), jnp.asarray(self.masses), jnp.asarray(float(gravity)), potential)
+        con = Partial(_constraints, self.count, _Indices(points), jnp.asarray(weights), jnp.asarray(directions),
+                      jnp.asarray(values))
         k = 6 * self.count + len(self._rows)
         names = tuple(f"g{i}" for i in range(1, k + 1)) + tuple(f"gdot{i}" for i in range(1, k + 1)) + ("H",)
         return System(ham, canonical(12 * self.count), holonomic=con, integrals=integrals,
@@ -231,7 +238,8 @@ class RigidBodies:
             raise ValueError("rotations must be orthogonal matrices (columns the principal axes in space)")
         points = np.concatenate([c[:, None], c[:, None] + axes], axis=1)  # (B, 4, 3)
         point_velocities = np.concatenate([v[:, None], v[:, None] + np.cross(w[:, None], axes)], axis=1)
-        momenta = (self.mass_matrix() @ point_velocities.reshape(-1, 3)).reshape(-1)
+        blocks = np.stack([body_mass_matrix(m, i) for m, i in zip(self.masses, self.inertias)])
+        momenta = np.einsum("bij,bjk->bik", blocks, point_velocities).reshape(-1)
         return jnp.asarray(np.concatenate([points.reshape(-1), momenta]))
 
 
@@ -243,21 +251,21 @@ def angular_momentum(x):
     return jnp.sum(jnp.cross(x[:n].reshape(-1, 3), x[n:].reshape(-1, 3)), axis=0)
 
 
-def _hamiltonian(inverse, heights, gravity, potential, x):
+def _hamiltonian(inverse, masses, gravity, potential, x):
     n = x.shape[0] // 2
     q, p = x[:n], x[n:]
-    momenta = p.reshape(-1, 3)
-    kinetic = 0.5 * jnp.sum(momenta * (inverse @ momenta))
-    points = q.reshape(-1, 3)
-    out = kinetic + gravity * jnp.dot(heights, points[:, 2])
+    momenta = p.reshape(-1, 4, 3)  # (bodies, points, coordinates)
+    kinetic = 0.5 * jnp.sum(momenta * jnp.einsum("bij,bjk->bik", inverse, momenta))
+    heights = q.reshape(-1, 4, 3)[:, 0, 2]  # the centres of mass
+    out = kinetic + gravity * jnp.dot(masses, heights)
     return out if potential is None else out + potential(q)
 
 
-def _constraints(count, weights, directions, values, q):
-    points = q.reshape(count, 4, 3)
-    d = points[:, _PAIRS[:, 0]] - points[:, _PAIRS[:, 1]]  # (B, 6, 3)
+def _constraints(count, points, weights, directions, values, q):
+    bodies = q.reshape(count, 4, 3)
+    d = bodies[:, _PAIRS[:, 0]] - bodies[:, _PAIRS[:, 1]]  # (B, 6, 3)
     rigid = 0.5 * (jnp.sum(d * d, axis=-1) - _SQUARED).reshape(-1)
     if weights.shape[0] == 0:
         return rigid
-    joints = jnp.sum((weights @ q.reshape(-1, 3)) * directions, axis=1) - values
-    return jnp.concatenate([rigid, joints])
+    joined = jnp.sum(weights[:, :, None] * q.reshape(-1, 3)[points.array], axis=1)  # (R, 3)
+    return jnp.concatenate([rigid, jnp.sum(joined * directions, axis=1) - values])

@@ -44,7 +44,8 @@ def _gyroscope_state(bodies, arm, tilt, azimuth, roll, spin, precession, nutatio
     r = _rotation(tilt, azimuth, roll)
     axle = r[:, 2]
     across = np.cross([0.0, 0.0, 1.0], axle)
-    across = across / max(np.linalg.norm(across), 1e-300) if np.linalg.norm(across) > 1e-12 else r[:, 0]
+    norm = np.linalg.norm(across)
+    across = across / norm if norm > 1e-12 else r[:, 0]  # an upright axle: any horizontal axis
     omega = spin * axle + precession * np.array([0.0, 0.0, 1.0]) + nutation * across
     centre = arm * axle
     return bodies.state(centres=centre[None], rotations=r[None], velocities=np.cross(omega, centre)[None],
