@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _holonomic_cases import SPHERE, SPHERE_F, X0, measured_order, sphere_reference, state_on_sphere
+from _jaxpr import jaxpr_shapes
 
 import geomjax
 from geomjax import diagnostics
@@ -251,19 +252,6 @@ def test_chain_structured_run_and_gradient_match_dense():
     np.testing.assert_allclose(np.asarray(grad_s), np.asarray(grad_d), rtol=0, atol=1e-10 * scale)
 
 
-def _shapes(jaxpr):
-    """The shapes of every value of a jaxpr and of the jaxprs inside it."""
-    out = []
-    for eqn in jaxpr.eqns:
-        out += [tuple(v.aval.shape) for v in eqn.outvars]
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    out += _shapes(inner)
-    return out
-
-
 def test_chain_of_16_takes_the_tridiagonal_path():
     """No k × k matrix (k = 16 constraints) is formed in a RATTLE step of the structured path,
     in the step or in its derivative; the dense path forms them (so the test can fail)."""
@@ -276,7 +264,7 @@ def test_chain_of_16_takes_the_tridiagonal_path():
             return jnp.concatenate(step.advance(0.0, step.split(x), 0.01, None)[0])
 
         jaxpr = jax.make_jaxpr(jax.grad(lambda x: one(x)[0]))(model.x0)
-        square = [s for s in _shapes(jaxpr.jaxpr) if len(s) >= 2 and s[-2:] == (k, k)]
+        square = [s for s in jaxpr_shapes(jaxpr.jaxpr) if len(s) >= 2 and s[-2:] == (k, k)]
         if structured:
             assert not square, square
         else:

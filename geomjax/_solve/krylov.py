@@ -316,3 +316,26 @@ def chord_solve(residual, guess, apply_j0_inv, newton, inv_diag, measure=None, s
     y, aux = lax.custom_root(residual, guess, solve, tangent_solve, has_aux=True)
     aux = lax.stop_gradient(aux)
     return NewtonResult(y, aux[0] > 0.5, aux[1].astype(jnp.int32)), aux[2] > 0.5
+
+
+def gmres(matvec, rhs, tol: float = 1e-13):
+    """x with matvec(x) = rhs by restarted GMRES (lineax; relative and absolute tolerance
+    `tol` on the residual); NaN where GMRES did not converge, so that a Newton test or a
+    derivative downstream fails visibly instead of using a wrong solution."""
+    import lineax as lx
+
+    operator = lx.FunctionLinearOperator(matvec, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
+    solver = lx.GMRES(rtol=tol, atol=tol, restart=40, stagnation_iters=40)
+    sol = lx.linear_solve(operator, rhs, solver, throw=False)
+    return jnp.where(sol.result == lx.RESULTS.successful, sol.value, jnp.nan)
+
+
+def krylov_tangent_solve(g, b):
+    """`jax.lax.custom_root`'s tangent solve without a matrix: GMRES on the products of the
+    linear map `g` itself (J v = g(v), J the exact Jacobian), inside
+    `jax.lax.custom_linear_solve` so that reverse mode solves Jᵀ by GMRES on the transposed
+    map. O(n) memory and one product of `g` per Krylov iteration, never the n × n Jacobian
+    (which the default tangent solve forms from n forward passes). NaN where GMRES did not
+    converge: derivatives are flagged, not silently wrong.
+    """
+    return lax.custom_linear_solve(g, b, gmres, gmres)

@@ -132,7 +132,7 @@ class Newton(eqx.Module):
         """The update test |dx|_∞ ≤ atol + rtol·|x|_∞ on flat arrays."""
         return jnp.max(jnp.abs(dx)) <= self.atol + self.rtol * jnp.max(jnp.abs(x))
 
-    def solve(self, fn: Callable, guess, *, jacobian=None, inverse=None, structure=None) -> NewtonResult:
+    def solve(self, fn: Callable, guess, *, jacobian=None, inverse=None, structure=None, tangent=None) -> NewtonResult:
         """Solve `fn(x) = 0` from `guess` (a pytree of arrays; `fn(x)` has the same total size).
 
         `jacobian`, if given, is a fixed matrix (flat size × flat size, in the order of
@@ -153,6 +153,12 @@ class Newton(eqx.Module):
         implicit-function tangent solve, so the derivatives see the same matrix. Ignored by
         `backend="optimistix"` (dense LU there).
 
+        `tangent`: the implicit-function tangent solve `(g, b) ↦ J⁻¹b`, J the exact
+        Jacobian of the linear map `g` (`jax.lax.custom_root`'s `tangent_solve`; it must be
+        transposable for reverse mode). Default: J formed by `jax.jacfwd` and solved densely
+        (or through `structure`). Large systems driven by a matrix-free `inverse` give a
+        matrix-free one here, e.g. `geomjax._solve.krylov.krylov_tangent_solve`.
+
         Returns a `NewtonResult`; `converged` is False when the test failed or a value is
         not finite.
         """
@@ -162,10 +168,10 @@ class Newton(eqx.Module):
             if jacobian is not None or inverse is not None:
                 raise ValueError("a fixed jacobian is only for backend='unrolled'")
             return _optimistix_solve(self, fn, guess)
-        return _unrolled_solve(self, fn, guess, jacobian, inverse, structure)
+        return _unrolled_solve(self, fn, guess, jacobian, inverse, structure, tangent)
 
 
-def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=None, structure=None):
+def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=None, structure=None, tangent=None):
     flat_guess, unravel = ravel_pytree(guess)
 
     def residual(y):
@@ -258,7 +264,8 @@ def _unrolled_solve(settings: Newton, fn, guess, fixed_jacobian, fixed_inverse=N
         # custom_root differentiates aux too: pass it as floats (zero tangents).
         return y, jnp.stack([ok, k]).astype(y.dtype)
 
-    tangent = tangent_solve if structure is None else partial(structured_tangent_solve, structure)
+    if tangent is None:
+        tangent = tangent_solve if structure is None else partial(structured_tangent_solve, structure)
     y, aux = lax.custom_root(residual, flat_guess, solve, tangent, has_aux=True)
     aux = lax.stop_gradient(aux)
     return NewtonResult(unravel(y), aux[0] > 0.5, aux[1].astype(jnp.int32))
@@ -326,6 +333,7 @@ def structured_tangent_solve(structure, g, b):
     """`tangent_solve` with the Jacobian of the linear map `g` evaluated and solved through
     `structure` (the plan that drove the iterations)."""
     return structure.solve(structure.jacobian(g, jnp.zeros_like(b)), b)
+
 
 
 def _optimistix_solve(settings: Newton, fn, guess):

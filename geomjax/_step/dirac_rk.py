@@ -76,6 +76,8 @@ derivatives of q₁, p₁ follow the implicit function theorem. A solve that doe
 converge gives `RESULTS.newton_failed`.
 """
 
+from functools import partial
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -84,7 +86,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._solve.block_lu import BlockLUPlan
 from .._solve.linalg import unrolled_solve
-from .._solve.newton import Newton, as_newton
+from .._solve.newton import Newton, as_newton, structured_tangent_solve
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
 from .._validate import _TRACE_ERRORS, untraceable_message
 from .base import AbstractStep, newton_status
@@ -265,11 +267,14 @@ class DiracRungeKutta(AbstractStep):
                 # a large sparse graph: the Jacobian's block LU factors, c products
                 factors = plan.jacobian(flat_residual, flat)
                 inverse = lambda b: plan.solve(factors, b)  # noqa: E731
+                # derivatives: the exact Jacobian at the root, by the same plan
+                tangent = partial(structured_tangent_solve, plan)
             else:
+                tangent = None
                 jac = jax.jacfwd(flat_residual)(flat)
                 eye = jnp.eye(m, dtype=jac.dtype)
                 inverse = unrolled_solve(jac, eye) if m <= _UNROLLED_INVERSE_MAX else jnp.linalg.inv(jac)
-            sol = self.newton.solve(residual, guess, inverse=inverse)
+            sol = self.newton.solve(residual, guess, inverse=inverse, tangent=tangent)
         velocities, multipliers, v_end = self._unpack(sol.value, h)
         _, fs, _, _ = self._stage_values(q0, p0, h, velocities, multipliers)
         q1, p1 = self._ends(q0, p0, h, velocities, fs)
