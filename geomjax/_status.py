@@ -12,6 +12,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ._validate import known
+
 
 class RESULTS(eqx.Enumeration):  # pyright: ignore
     """How a step or a run ended (`geomjax.RESULTS.successful` when it did not fail).
@@ -123,6 +125,13 @@ def code_of(item):
     `equinox.Enumeration` (`RESULTS`, `FIT_RESULTS`): the one place that reads equinox's
     private storage of it."""
     return item._value
+
+
+def known_code(item) -> int | None:
+    """The integer code of a status item when it is known at trace time (a step that cannot
+    fail returns a constant success), else None (a traced status)."""
+    code = known(item._value)
+    return None if code is None else int(code)
 
 
 def code_int(item) -> int:

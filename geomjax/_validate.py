@@ -7,6 +7,16 @@ import numpy as np
 
 
 # --- what is known now, and what is traced ----------------------------------------------
+# Three questions, one function each:
+# - `known(x)`: the value of x if it is known now (NumPy), else None. Every check and every
+#   host-side decision or message that reads a value reads it through `known` (or `check`,
+#   built on it); nothing catches JAX's tracer-conversion errors to find out.
+# - `is_traced(x)` / `is_concrete(tree)`: whether a value is a tracer, which must stay one
+#   (it may carry derivatives or a batch axis even where its primal is known): for
+#   converting inputs on the host only when they are plain values, and for hoisting
+#   closed-over tracers out of traced functions.
+# - `at_top_level()`: whether any transformation is tracing now: for cross-call caches,
+#   which must not keep objects built inside a trace.
 # The one place geomjax reads JAX's private API (`jax._src.core`): whether a traced value
 # is known now, and whether any transformation is tracing. Both are resolved at import;
 # `tests/test_known.py` fails loudly if a JAX release moves them (geomjax then counts
@@ -74,6 +84,16 @@ def known(x) -> np.ndarray | None:
     return None if value is None else np.asarray(value)
 
 
+def known_tree(tree):
+    """`tree` (a pytree of arrays) with every leaf `known` (NumPy arrays), or None where a
+    leaf is not known now: the host-side checks that need several derived values at once
+    (a start check reading residuals, a Gram matrix and its singular values) read them
+    through this, and leave the check to the run where it gives None."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    values = [known(leaf) for leaf in leaves]
+    return None if any(v is None for v in values) else jax.tree_util.tree_unflatten(treedef, values)
+
+
 def check(values, bad, message: str, error: type[Exception] = ValueError, *, detail=None, guard=None, status=False):
     """The one mechanism of geomjax's value checks (as diffrax checks `dt0`).
 
@@ -121,27 +141,6 @@ def check(values, bad, message: str, error: type[Exception] = ValueError, *, det
     if np.any(bad(np, *known_values)):
         raise error(message + ("" if detail is None else detail(*known_values)))
     return guard
-
-
-#: What a check raises when a value it needs is traced: JAX's own errors from code that
-#: converts a tracer (`np.asarray`, `float`, `bool` of a staged value).
-TRACED_VALUE_ERRORS = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
-
-
-def checked_where_known(start_check, *args) -> bool:
-    """Run the start check `start_check(*args)` (it raises a clear error for bad input)
-    under `jax.ensure_compile_time_eval()`, so that what it computes from values known now
-    is known now, even inside an enclosing `jit`: a bad start raises there too, at trace
-    time. False, and nothing raised, where a value it needs is traced (a start that is a
-    parameter of an enclosing `jit` or `vmap`, or a user function that closes over one):
-    the caller then leaves the check to the run, which reports a bad start as its status
-    at step 0."""
-    try:
-        with jax.ensure_compile_time_eval():
-            start_check(*args)
-    except TRACED_VALUE_ERRORS:
-        return False
-    return True
 
 
 def host_array(value) -> jax.Array:

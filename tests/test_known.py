@@ -120,3 +120,41 @@ def test_checks_use_the_one_mechanism():
                 if any(isinstance(n, ast.Raise) for n in ast.walk(node)):
                     offenders.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not offenders, f"checks outside _validate.check: {offenders}"
+
+
+def test_nothing_asks_jax_errors_whether_a_value_is_known():
+    """"Is this value known now?" is answered by `known` alone, never by catching JAX's
+    tracer-conversion errors around a check. The only catches of those errors left turn a
+    user function that JAX cannot trace into a message (`_validate._TRACE_ERRORS`, with
+    `untraceable_message`)."""
+    root = pathlib.Path(geomjax.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                caught = ast.unparse(node.type)
+                if "Tracer" in caught or "Concretization" in caught or "TRACED" in caught:
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno} catches {caught}")
+    assert not offenders, offenders
+    import geomjax._validate as validate
+
+    assert not hasattr(validate, "checked_where_known") and not hasattr(validate, "TRACED_VALUE_ERRORS")
+
+
+def test_a_start_check_needing_a_traced_closed_over_value_leaves_it_to_the_run():
+    """RATTLE's start check inside `jit` with the constraint's radius closed over from the
+    trace: the check's values are not known, so it does not run (no tracer error), and the
+    run still reports a start off its constraint set at step 0."""
+    model = geomjax.models.spherical_pendulum()
+
+    def final(r):
+        system = geomjax.System(model.system.hamiltonian, geomjax.canonical(3), holonomic=lambda q: q @ q - r * r)
+        sol = geomjax.integrate(geomjax.rattle(system), model.x0, dt=0.01, steps=3, throw=False)
+        return sol.xs[-1], sol.status
+
+    from geomjax._status import code_int
+
+    _, status = jax.jit(final)(1.0)
+    assert int(status) == 0
+    _, status = jax.jit(final)(1.5)  # x0 lies on the unit sphere, not on |q| = 1.5
+    assert int(status) == code_int(geomjax.RESULTS.off_constraint_set)

@@ -38,8 +38,8 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .._step.base import AbstractStep, written_out_sum
-from .._status import RESULTS, code_of, from_code
-from .._validate import is_concrete, is_traced
+from .._status import RESULTS, code_of, from_code, known_code
+from .._validate import is_traced
 from ..internal.simplify import scalar_graph
 
 
@@ -260,7 +260,7 @@ class BatchedStep(AbstractStep):
 
         def one(s, t, w, dt):
             w_next, result = s.advance(t, w, dt, args)
-            constant.append(is_concrete(code_of(result)) and int(code_of(result)) == 0)
+            constant.append(known_code(result) == 0)
             return w_next, jnp.asarray(code_of(result))
 
         z_next, codes = self._vmap(one, (t, z, h), (_axis_of(t), self.axis, _axis_of(h)), (self._state_axis, 0))

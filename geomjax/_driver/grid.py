@@ -6,7 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .._validate import is_concrete
+from .._validate import known
 
 
 def _as_values(name, values):
@@ -24,7 +24,7 @@ def _as_values(name, values):
             "destroys the invariants it preserves)"
         )
     if jnp.issubdtype(values.dtype, jnp.integer) or jnp.issubdtype(values.dtype, jnp.bool_):
-        values = np.asarray(values, np.float64) if is_concrete(values) else jnp.asarray(values, jnp.float64)
+        values = jnp.asarray(values, jnp.float64) if known(values) is None else known(values).astype(np.float64)
     return values
 
 

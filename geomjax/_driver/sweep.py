@@ -25,7 +25,7 @@ from .grid import as_grid
 from .integrate import _as_count, _as_scalar, _run_fixed, _target, _whole_run, default_method, runs_whole
 from .loop_choice import auto_loop, step_profile
 from .sweep_result import SweepResult
-from .._status import code_of
+from .._status import known_code
 
 #: Members per compiled chunk when `chunk_size` is not given.
 DEFAULT_CHUNK = 1 << 20
@@ -127,7 +127,7 @@ def _one_step_profile(step, x0, dt, t0, args):
 
         def advance(z):
             z1, result = target.advance(t0, z, dt, args)
-            found.append(is_concrete(code_of(result)) and int(np.asarray(code_of(result))) == 0)
+            found.append(known_code(result) == 0)
             return z1
 
         found.append(step_profile(advance, z0))

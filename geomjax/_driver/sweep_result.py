@@ -16,7 +16,7 @@ from .._version import __version__
 from .common import nan_max
 from .grid import Grid
 from .solution import measured_sentence
-from .._validate import is_traced
+from .._validate import known
 
 _ARRAYS = ("ts", "xs", "status", "failed_step", "num_steps", "invariant_error", "constraint_error")
 
@@ -310,8 +310,8 @@ def _edges(xv, yv):
 def _definition_json(grid: Grid, definition: dict) -> str:
 
     out = {
-        "swept": [{name: np.asarray(v).tolist() if np.asarray(v).size <= 4096 else f"array{np.shape(v)}" for name, v in axis.items()} for axis in grid.axes]
-        if all(not is_traced(v) for a in grid.axes for v in a.values())
+        "swept": [{name: known(v).tolist() if np.size(v) <= 4096 else f"array{np.shape(v)}" for name, v in axis.items()} for axis in grid.axes]
+        if all(known(v) is not None for a in grid.axes for v in a.values())
         else [list(a) for a in grid.axes],
         "grid_shape": list(grid.shape),
     }
@@ -321,7 +321,7 @@ def _definition_json(grid: Grid, definition: dict) -> str:
         elif key == "method":
             value = value if isinstance(value, str) else type(value).__name__
         elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
-            value = float(value) if not is_traced(value) else "traced"
+            value = "traced" if known(value) is None else float(known(value))
         out[key] = value
     out["versions"] = {
         "geomjax": __version__,

@@ -1,11 +1,10 @@
 """The contact Hamiltonian vector field of a `geomjax.ContactHamiltonianSystem`."""
 
-import jax
 import jax.numpy as jnp
 
 from .._system.contact import ContactHamiltonianSystem, ContactLagrangianSystem
-from .._validate import untraceable_message, _TRACE_ERRORS
 from ..internal.simplify import scalar_graph
+from .._validate import trace_user_function
 from .base import AbstractField
 
 
@@ -37,10 +36,7 @@ class ContactField(AbstractField):
         return scalar_graph(lambda zz: self.system.vector_field(*zz), z, enabled=self.simplify)
 
     def check(self, x0) -> None:
-        try:
-            jax.eval_shape(lambda x: self(x), x0)
-        except _TRACE_ERRORS as err:
-            raise TypeError(untraceable_message("the contact hamiltonian", err)) from err
+        trace_user_function(self, x0, "the contact hamiltonian")
 
 
 def contact_field(system) -> ContactField:

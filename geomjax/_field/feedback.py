@@ -21,7 +21,7 @@ from .dirac import check_constraint_matrix, start_values
 from .base import SystemField
 from .._system.system import System
 from .._monitored import check_on_constraint_set
-from .._validate import as_state, check_real, check_step_size, checked_where_known, is_concrete
+from .._validate import as_state, check_real, check_step_size, known
 
 
 class AbstractFeedbackField(SystemField):
@@ -305,14 +305,16 @@ def holonomic_feedback_field(system: System, x0, gains, metric, target, start_to
     """`geomjax.feedback_field` with its gains given, for a system without nonholonomic
     constraints: F = (f, H, integrals), F₀ = F(x0) or `target`, checked at x0."""
     start = None
-    if x0 is not None and is_concrete(x0):
+    if x0 is not None and known(x0) is not None:
         x0 = as_state(x0, system.dim)
-        start = start_values(system, x0)
+        with jax.ensure_compile_time_eval():  # what is computed from x0 and constants is known now
+            start = start_values(system, x0)
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: _conserved_quantities(system, x), None if start is None else start[0]
     )
     if start is not None:
-        checked_where_known(_start_checks, system, x0, start, start_tol)
+        with jax.ensure_compile_time_eval():
+            _start_checks(system, x0, start, start_tol)
     k, k_emb = split_gains(gains, m, has_embedding(system.structure), "(f, H, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return FeedbackField(system, target, k, metric, pinned, embedding_gain=k_emb)

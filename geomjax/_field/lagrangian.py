@@ -5,8 +5,8 @@ import jax.numpy as jnp
 
 from .._solve.linalg import small_solve
 from .._system.lagrangian import LagrangianSystem
-from .._validate import _TRACE_ERRORS, untraceable_message
 from ..internal.simplify import scalar_graph
+from .._validate import trace_user_function
 from .base import AbstractField
 
 
@@ -83,10 +83,7 @@ class LagrangeDAlembertField(AbstractField):
     def check(self, x0) -> None:
         if x0.shape[0] != self.dim:
             raise ValueError(f"x0 has length {x0.shape[0]}, but the system's state (q, v) has length {self.dim}")
-        try:
-            jax.eval_shape(lambda x: self(x), x0)
-        except _TRACE_ERRORS as err:
-            raise TypeError(untraceable_message("the lagrangian, the force or the constraint", err)) from err
+        trace_user_function(self, x0, "the lagrangian, the force or the constraint")
 
 
 def lagrange_dalembert_field(system: LagrangianSystem) -> LagrangeDAlembertField:

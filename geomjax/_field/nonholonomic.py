@@ -48,7 +48,7 @@ from ..internal.simplify import MAX_INPUTS
 from .._solve.linalg import small_solve
 from .._system.nonholonomic import Derivation, check_matrix
 from .._system.system import System
-from .._validate import checked_where_known, is_concrete
+from .._validate import known
 
 
 def _require(system) -> None:
@@ -363,8 +363,9 @@ def nonholonomic_feedback_field(
     x0, target, pinned, m = resolve_target(
         system, x0, target, lambda x: nonholonomic_quantities(system, x).at[:k].set(0.0)
     )
-    if x0 is not None and is_concrete(x0):
-        checked_where_known(_start_checks, system, x0, start_tol)
+    if x0 is not None and known(x0) is not None:
+        with jax.ensure_compile_time_eval():  # what is computed from x0 and constants is known now
+            _start_checks(system, x0, start_tol)
     k_main, k_emb = split_gains(gains, m, has_embedding(system.structure), "(J, H_ext, integrals)")
     metric = _check_metric(metric, x0, system.dim)
     return NonholonomicFeedbackField(system, target, k_main, k_emb, metric, pinned)

@@ -17,7 +17,7 @@ from .._field.feedback import AbstractFeedbackField
 from .._field.feedback_terms import feedback_rate_at, scale_gains
 from .._field.base import FunctionField
 from .._step.methods import build_step, method_order
-from .._validate import check_step_size, known
+from .._validate import check_step_size, is_concrete, known
 
 
 class FeedbackAccuracyWarning(UserWarning):
@@ -178,6 +178,15 @@ def _at(field, x):
     return field.at_start(field.split(x))
 
 
+#: Why the gain analysis cannot run on traced values, and what to do instead.
+TRACED_RATES = (
+    "the gain analysis computes numbers at x0 (λ_max(L∇²V), ‖DX‖), which are traced here: x0, dt or a value "
+    "the system's functions close over is a tracer (inside jit, grad or vmap). Choose the gains outside the "
+    "transformation, e.g. K = geomjax.recommended_gains(field, x0, dt, method) for a concrete system, and pass "
+    "gains=K (a gradient then treats K as fixed)"
+)
+
+
 @eqx.filter_jit
 def _rates(field, x0s):
     """(feedback rate, dynamics rate) at each initial state, with F₀ = F(x0) per state
@@ -273,7 +282,10 @@ def check_gains(
     require_feedback(field, "check_gains")
     check_step_size(dt)
     x0s = _states(x0, field.dim)
-    lam, omega = (float(np.max(np.asarray(r))) for r in _rates(field, x0s))
+    rates = _rates(field, x0s)
+    if not is_concrete(rates):  # traced, or carrying derivatives that gains chosen from them would drop
+        raise ValueError(TRACED_RATES)
+    lam, omega = (float(np.max(np.asarray(r))) for r in rates)
     if not (math.isfinite(lam) and math.isfinite(omega)):
         raise ValueError(
             f"the rates at the initial states are not finite (λ_max(L∇²V) = {lam}, ‖DX‖ = {omega}): the "

@@ -64,9 +64,9 @@ from .._solve.block_lu import SPARSE_NEWTON_MIN
 from .._solve.newton import Newton, as_newton
 from .._solve.structure import SystemStructure, linear_solve, saddle_linear_solve
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
-from .._validate import _TRACE_ERRORS, untraceable_message
 from ..internal.simplify import scalar_graph
 from .._status import RESULTS
+from .._validate import trace_user_function
 from .base import AbstractStep, newton_status, ok_status
 
 
@@ -248,10 +248,7 @@ class DiracStep(AbstractStep):
         if self.constraint_velocity is not None:
             approximations.append(("the constraint's velocity approximation", self.constraint_velocity))
         for what, velocity in approximations:
-            try:
-                out = jax.eval_shape(lambda a: velocity((a,) * self.history, a, a, 0.1), q)
-            except _TRACE_ERRORS as err:
-                raise TypeError(untraceable_message(what, err)) from err
+            out = trace_user_function(lambda a, velocity=velocity: velocity((a,) * self.history, a, a, 0.1), q, what)
             if getattr(out, "shape", None) != q.shape:
                 raise ValueError(f"{what} must return q̃ shaped like q {tuple(q.shape)}, got {getattr(out, 'shape', None)}")
 

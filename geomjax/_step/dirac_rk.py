@@ -88,7 +88,7 @@ from .._solve.block_lu import BlockLUPlan
 from .._solve.linalg import unrolled_solve
 from .._solve.newton import Newton, as_newton, structured_tangent_solve
 from .._system.implicit import ImplicitLagrangian, as_implicit_lagrangian
-from .._validate import _TRACE_ERRORS, untraceable_message
+from .._validate import trace_user_function
 from .base import AbstractStep, newton_status
 from .partitioned_tableau import PartitionedTableau
 
@@ -305,10 +305,8 @@ class DiracRungeKutta(AbstractStep):
     def check(self, x0) -> None:
         x0 = jnp.asarray(x0)
         self.system.check(x0, "geomjax.dirac_rk")
-        try:
-            jax.eval_shape(lambda x: self.advance(0.0, self.split(x), 0.1, None)[0], x0)
-        except _TRACE_ERRORS as err:
-            raise TypeError(untraceable_message("the lagrangian L(q, v) or the constraints", err)) from err
+        trace_user_function(lambda x: self.advance(0.0, self.split(x), 0.1, None)[0], x0,
+                            "the lagrangian L(q, v) or the constraints")
 
 
 def dirac_rk(

@@ -48,7 +48,7 @@ from ..internal.simplify import scalar_graph
 from ..internal.sparsity import jacobian_sparsity
 from .base import SystemStep
 from .._system.system import HolonomicSystem, System
-from .._validate import as_state
+from .._validate import as_state, known_tree
 
 
 class _Mechanics(eqx.Module):
@@ -524,7 +524,9 @@ def check_holonomic_start(system: System, x0, *, need_separable: bool = False):
     """
     x0 = as_state(x0, system.dim)
     dense = system.dim // 2 <= _DENSE_START_CHECK
-    info = {k: np.asarray(v) for k, v in _start_quantities(system, x0, dense).items()}
+    info = known_tree(_start_quantities(system, x0, dense))
+    if info is None:  # values closed over from an enclosing trace: the run reports
+        return
     g, gdot = info["g"], info["gdot"]
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(gdot))):
         raise ValueError("g(q0) or its velocity constraint is not finite at x0")

@@ -51,7 +51,7 @@ from .._system.discrete import DiscreteLagrangian, Rule, as_rule
 from .._system.lagrangian import LagrangianSystem
 from .._system.legendre import check_regular, velocity_hessian
 from .._system.velocity_constraints import AbstractVelocityConstraint, as_velocity_constraint
-from .._validate import _TRACE_ERRORS, require_invertible, untraceable_message
+from .._validate import require_invertible, trace_user_function
 from .base import AbstractStep, newton_status, ok_status
 
 
@@ -248,10 +248,7 @@ class _VariationalStep(AbstractStep):
     newton: eqx.AbstractVar[Newton]
 
     def _trace_check(self, x0, what):
-        try:
-            jax.eval_shape(lambda x: self.advance(0.0, self.split(x), 0.1, None)[0], x0)
-        except _TRACE_ERRORS as err:
-            raise TypeError(untraceable_message(what, err)) from err
+        trace_user_function(lambda x: self.advance(0.0, self.split(x), 0.1, None)[0], x0, what)
 
 
 class HerglotzStep(_VariationalStep):

@@ -15,7 +15,7 @@ from .._monitored import START_TOL
 from .._system.system import NonholonomicSystem, System
 from .._validate import check_tolerance, is_concrete, positive_count
 from .._driver.integrate import integrate
-from .._stability.analysis import recommended_field, without_feedback
+from .._stability.analysis import TRACED_RATES, recommended_field, without_feedback
 
 
 #: The default horizon, in steps of dt, of the pilot run along which `feedback_field(...,
@@ -174,28 +174,20 @@ def _with_chosen_gains(unit, x0, dt, method, pilot_steps: int):
     """`unit` (a feedback field with gains 1) with its gains scaled by the rule of
     `geomjax.recommended_gains` for step `dt` and `method` at the stiffest state of a pilot
     run from x0 (`_pilot_states`), and a `ChosenGainsWarning` that says so."""
-    traced = (
-        "feedback_field(system, x0, dt=h) chooses the gains from numbers it computes at x0 (λ_max(L∇²V), ‖DX‖), "
-        "which are traced here: x0, dt or a value the system's functions close over is a tracer (inside jit, grad "
-        "or vmap). Choose the gains outside the transformation, e.g. K = geomjax.recommended_gains(field, x0, dt, "
-        "method) for a concrete system, and pass gains=K (a gradient then treats K as fixed)"
-    )
     if x0 is None:
         raise ValueError("feedback_field(system, x0, dt=h) chooses the gains from the rates at x0: give x0, or gains=")
     if not is_concrete((x0, dt)):
-        raise ValueError(traced)
-    try:
-        at_x0 = recommended_field(unit, x0, dt, method)
-        field, check = at_x0
-        where = "at x0"
-        if pilot_steps:
-            states, horizon = _pilot_states(unit, x0, dt, pilot_steps)
-            field, check = recommended_field(unit, states, dt, method)
-            where = (f"at the stiffest of {len(states)} states along a pilot run from x0 to t = {horizon:.4g} "
-                     f"(the field without feedback, RK4 at 10·dt; pilot_steps={pilot_steps}); at x0 alone "
-                     f"K would be {float(np.max(np.asarray(at_x0[0].gains))):.4g}")
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:  # a traced closed-over value
-        raise ValueError(traced) from err
+        raise ValueError(f"feedback_field(system, x0, dt=h) chooses the gains itself, but {TRACED_RATES}")
+    # (a traced value the system closes over: recommended_field says so in the same words)
+    at_x0 = recommended_field(unit, x0, dt, method)
+    field, check = at_x0
+    where = "at x0"
+    if pilot_steps:
+        states, horizon = _pilot_states(unit, x0, dt, pilot_steps)
+        field, check = recommended_field(unit, states, dt, method)
+        where = (f"at the stiffest of {len(states)} states along a pilot run from x0 to t = {horizon:.4g} "
+                 f"(the field without feedback, RK4 at 10·dt; pilot_steps={pilot_steps}); at x0 alone "
+                 f"K would be {float(np.max(np.asarray(at_x0[0].gains))):.4g}")
     k = np.asarray(field.gains)
     shown = (
         f"K = {k.flat[0]:.4g} (all {k.shape[0]} entries of F)"
