@@ -470,27 +470,40 @@ def test_gradient_through_the_sparse_dirac_field_matches_central_differences():
     assert abs(grad - fd) <= 1e-6 * abs(fd)
 
 
-def test_rattle_reusing_factors_across_steps_matches_rattle():
-    """`refactor_every=5` on a 6 × 6 cloth (block Cholesky plan): the factors of G M⁻¹Gᵀ are
-    carried and refreshed every 5 steps; 12 steps through `integrate` match RATTLE that
-    factors every step to 1e-11, keeps g at round-off, and its derivative w.r.t. the start
-    matches too (implicit differentiation does not depend on the chord's matrix)."""
+def _reusing_factors_runs():
+    """12 RATTLE steps of a 6 × 6 cloth through `integrate`, factoring G M⁻¹Gᵀ every step and
+    with `refactor_every=5` (block factors carried, refreshed every 5 steps)."""
     model = geomjax.models.cloth(6)
     plain = geomjax.rattle(model.system)
     reusing = geomjax.rattle(model.system, refactor_every=5)
     assert reusing.carries_history and not plain.carries_history
     runs = [jax.jit(lambda x, s=s: geomjax.integrate(s, x, dt=H, steps=12, drift_tol=None).x_final)
             for s in (plain, reusing)]
+    return model, runs
+
+
+def test_rattle_reusing_factors_across_steps_matches_rattle():
+    """`refactor_every=5` matches RATTLE that factors every step to 1e-11 and keeps g at
+    round-off."""
+    model, runs = _reusing_factors_runs()
     a, b = (r(model.x0) for r in runs)
     assert bool(jnp.all(jnp.isfinite(b)))  # a failed run ends in NaN
     np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11)
     n = model.x0.shape[0] // 2
     assert float(jnp.max(jnp.abs(model.system.holonomic(b[:n])))) < 1e-12
+    with pytest.raises(ValueError, match="refactor_every"):
+        geomjax.rattle(model.system, refactor_every=0)
+
+
+@pytest.mark.extended  # 4 s of compiling two jvps; the chord's implicit derivative is checked on RATTLE itself
+def test_rattle_reusing_factors_differentiates_as_rattle():
+    """The derivative w.r.t. the start matches RATTLE's (implicit differentiation does not
+    depend on the chord's matrix)."""
+    model, runs = _reusing_factors_runs()
+    n = model.x0.shape[0] // 2
     tangent = jnp.zeros_like(model.x0).at[n:].set(jnp.sin(jnp.arange(n)))
     ja, jb = (jax.jvp(r, (model.x0,), (tangent,))[1] for r in runs)
     np.testing.assert_allclose(jb, ja, rtol=1e-8, atol=1e-8)
-    with pytest.raises(ValueError, match="refactor_every"):
-        geomjax.rattle(model.system, refactor_every=0)
 
 
 def test_a_step_too_large_is_blamed_on_the_position_iteration_not_the_velocity_solve():
