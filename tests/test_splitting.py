@@ -87,3 +87,41 @@ def test_compose_general_forms():
 def test_sub_flows_reject_a_start_off_the_tangent_bundle():
     with pytest.raises(ValueError, match="off the constraint set"):
         geomjax.integrate(STRANG, X0.at[4].add(0.1), dt=0.01, steps=2)
+
+
+def _fused_and_plain(system):
+    from geomjax._step.rattle import RattleComposition
+    from geomjax._step.splitting import Composition
+
+    rattle = geomjax.rattle(system)
+    fused = geomjax.triple_jump(rattle)
+    assert isinstance(fused, RattleComposition)
+    return fused, Composition((rattle,), geomjax.triple_jump_coefficients(2))
+
+
+def test_the_triple_jump_of_rattle_fuses_its_joints_and_is_the_same_map():
+    """`triple_jump(rattle(system))` leaves out the velocity projection at the two joints
+    (the next sub-step's position multiplier takes up the same direction G(q)ᵀ) and reuses
+    ∇U there: the same map as the plain composition to round-off on the spherical
+    pendulum, order 4, constraints at round-off. SHAKE's compositions are not fused (its
+    second kick reuses the multiplier, which a fused joint changes)."""
+    from geomjax._step.splitting import Composition
+
+    fused, plain = _fused_and_plain(SPHERE.system)
+    xs = [diagnostics.final_state(s, X0, 0.02, 50)[0] for s in (fused, plain)]
+    np.testing.assert_allclose(xs[0], xs[1], rtol=0, atol=1e-13)
+    assert float(jnp.max(jnp.abs(SPHERE.system.constraint_residuals(xs[0])))) < 1e-13
+    fit = measured_order(fused, X0, sphere_reference())
+    assert abs(fit.order - 4) <= 0.3, fit
+    assert isinstance(geomjax.triple_jump(geomjax.shake(SPHERE.system)), Composition)
+
+
+@pytest.mark.extended  # 4 s; the same code path as the sphere's above, with k = 3 constraints
+def test_the_fused_triple_jump_of_rattle_on_a_chain_is_symplectic_and_the_same_map():
+    model = geomjax.models.planar_chain(3)
+    fused, plain = _fused_and_plain(model.system)
+    xs = [diagnostics.final_state(s, model.x0, 0.02, 50)[0] for s in (fused, plain)]
+    np.testing.assert_allclose(xs[0], xs[1], rtol=0, atol=1e-13)
+    assert float(jnp.max(jnp.abs(model.system.constraint_residuals(xs[0])))) < 1e-13
+    fused, _ = _fused_and_plain(SPHERE.system)
+    assert float(diagnostics.symplecticity_defect(fused, state_on_sphere(), 0.1, SPHERE.system)) < 1e-13

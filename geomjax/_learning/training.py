@@ -134,7 +134,8 @@ def rollout(
       (separable H only);
     - `"rattle4"`: the triple jump of RATTLE (`geomjax.triple_jump`, Yoshida 1990):
       symmetric, symplectic and of order 4, with the constraints at round-off as
-      RATTLE's, for three RATTLE steps' cost;
+      RATTLE's, at less than three RATTLE steps' cost (its joints fused: one velocity
+      projection per step and the force reused between sub-steps);
     - `"feedback"`: RK4 on the feedback field Y = X − ∇V, V = ½(F − F₀)ᵀK(F − F₀),
       F = (g, Dg·∂H/∂p, H) (`geomjax.feedback_field`), which pulls the run back to the
       constraint set and the learned energy level of x0; `gains` K are required (see

@@ -43,7 +43,7 @@ from .._solve.krylov import (
 )
 from .._solve.linalg import small_solve
 from .._solve.newton import Newton, as_newton
-from .._status import RESULTS
+from .._status import RESULTS, where_first
 from ..internal.simplify import scalar_graph
 from ..internal.sparsity import jacobian_sparsity
 from .base import SystemStep
@@ -244,11 +244,11 @@ class Rattle(SystemStep):
     # O(1), so Newton's update test |Δν| ≤ atol + rtol|ν| is meaningful at any h (in λ
     # itself round-off in g(q₁) is amplified by 1/h²).
 
-    def _position_map(self, q, p, h):
+    def _position_map(self, q, p, h, force=None):
         """ν ↦ (q₁, p½) of the separable position stage, p½ = p − (h/2)∇U(q) − G(q)ᵀν/h,
-        q₁ = q + h ∂H/∂p(p½); and the zero multiplier."""
+        q₁ = q + h ∂H/∂p(p½); and the zero multiplier. `force`: ∇U(q) if the caller has it."""
         mech = self._mech
-        kick = p - 0.5 * h * mech.dh_dq(q, p)
+        kick = p - 0.5 * h * (mech.dh_dq(q, p) if force is None else force)
         g0, transpose = mech.g_and_transpose(q)
 
         def advance(nu):
@@ -294,12 +294,12 @@ class Rattle(SystemStep):
         solver = "block Cholesky" if isinstance(plan, BlockCholeskyPlan) else "conjugate gradients"
         return solver, tuple(rows)
 
-    def _position_stage_separable(self, q, p, h, plan, factors=None):
+    def _position_stage_separable(self, q, p, h, plan, factors=None, force=None):
         """p½ = p − (h/2)∇U(q) − G(q)ᵀν/h, q₁ = q + h ∂H/∂p(p½), g(q₁) = 0: Newton in ν (k
         unknowns). `factors`: block factors of G M⁻¹Gᵀ to use for A₀ instead of factoring
-        at q (carried from an earlier step)."""
+        at q (carried from an earlier step); `force`: ∇U(q) if the caller has it."""
         mech = self._mech
-        advance, zero = self._position_map(q, p, h)
+        advance, zero = self._position_map(q, p, h, force)
         # ∂H/∂p is linear in p (checked), so q₁(ν) = q₁(0) + Dν is affine.
         if isinstance(plan, _SPARSE_PLANS):
             # A sparse graph: ν ← ν + A₀⁻¹g(q₁(ν)), A₀ = G(q)M⁻¹G(q)ᵀ by a block Cholesky
@@ -397,32 +397,84 @@ class Rattle(SystemStep):
         return (*out, factors, age + 1), status
 
     def _advance(self, z, h, factors=None, plan=None):
+        return self._advance_composed(z, (h,), factors, plan)
+
+    def _advance_composed(self, z, hs, factors=None, plan=None):
+        """RATTLE steps of sizes `hs` in turn (one step: `hs = (h,)`), with what consecutive
+        steps share computed once. Between two separable RATTLE steps the velocity
+        projection p₁ = p_free − G(q₁)ᵀμ is left out and ∇U(q₁) is reused: the next step's
+        first kick p½ = p₁ − (h'/2)∇U(q₁) − G(q₁)ᵀν/h' adds another multiple of the same
+        G(q₁)ᵀ, and its multiplier, fixed by g(q₂) = 0 alone, takes up both (the same map,
+        to round-off, with one velocity solve and one force evaluation fewer per joint)."""
         q, p = z[0], z[1]
         mech = self._mech
+        h = hs[0]
         plan = self._plan(q, p, h) if plan is None else plan
-        position_ok, precondition = True, None
-        if self.separable:
-            q1, p_half, res, position_ok = self._position_stage_separable(
-                q, p, h, plan if self.newton.backend == "unrolled" else None, factors)
-            if isinstance(position_ok, tuple):
-                position_ok, precondition = position_ok
-        else:
-            q1, p_half, res = self._position_stage_general(q, p, h)
-        p_free = p_half - 0.5 * h * mech.dh_dq(q1, p_half)
-        velocity_ok = jnp.asarray(True)
-        if self.velocity_projection:
-            p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan, precondition)
-        else:
-            # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
-            nu = res.value if self.separable else res.value[2]
-            p1 = p_free - mech.g_and_transpose(q1)[1](nu) / h
-        # The first failure names the cause: the position stage's linear solves, then its
-        # iteration (no solution near the predictor: the velocity stage then works on
-        # garbage, and its failure is not the cause), then the velocity stage's solve.
-        status = RESULTS.where(velocity_ok, RESULTS.successful, RESULTS.linear_solve_failed)
-        status = RESULTS.where(res.converged, status, RESULTS.newton_failed)
-        status = RESULTS.where(jnp.asarray(position_ok), status, RESULTS.linear_solve_failed)
-        return (q1, p1), status
+        fused = self.separable and self.velocity_projection
+        force = mech.dh_dq(q, p) if fused else None
+        status = RESULTS.successful
+        for i, h in enumerate(hs):
+            last = i == len(hs) - 1
+            position_ok, precondition = True, None
+            if self.separable:
+                q1, p_half, res, position_ok = self._position_stage_separable(
+                    q, p, h, plan if self.newton.backend == "unrolled" else None, factors, force)
+                if isinstance(position_ok, tuple):
+                    position_ok, precondition = position_ok
+            else:
+                q1, p_half, res = self._position_stage_general(q, p, h)
+            force = mech.dh_dq(q1, p_half)
+            p_free = p_half - 0.5 * h * force
+            velocity_ok = jnp.asarray(True)
+            if fused and not last:
+                p1 = p_free  # projected by the next step's multiplier (above)
+            elif self.velocity_projection:
+                p1, velocity_ok = _momentum_projection(mech, q1, p_free, h, plan, precondition)
+            else:
+                # SHAKE: the second half-kick reuses λ = 2ν/h², so only positions are constrained.
+                nu = res.value if self.separable else res.value[2]
+                p1 = p_free - mech.g_and_transpose(q1)[1](nu) / h
+            # The first failure names the cause: the position stage's linear solves, then its
+            # iteration (no solution near the predictor: the velocity stage then works on
+            # garbage, and its failure is not the cause), then the velocity stage's solve.
+            step_status = RESULTS.where(velocity_ok, RESULTS.successful, RESULTS.linear_solve_failed)
+            step_status = RESULTS.where(res.converged, step_status, RESULTS.newton_failed)
+            step_status = RESULTS.where(jnp.asarray(position_ok), step_status, RESULTS.linear_solve_failed)
+            status = step_status if i == 0 else where_first(status, step_status)
+            q, p, factors = q1, p1, None
+        return (q, p), status
+
+
+class RattleComposition(SystemStep):
+    """Φ_h = R_{c_m h} ∘ … ∘ R_{c_1 h} for a separable RATTLE step R (e.g. the triple jump,
+    order 4), with each joint between two sub-steps fused: the velocity projection there is
+    left out and ∇U reused (`Rattle._advance_composed`; the same map to round-off). Built by
+    `geomjax.compose` / `geomjax.triple_jump` of one such step."""
+
+    rattle: Rattle
+    coefficients: tuple = eqx.field(static=True)
+
+    @property
+    def system(self):
+        return self.rattle.system
+
+    def check(self, x0) -> None:
+        self.rattle.check(x0)
+
+    def advance(self, t, z, h, args):
+        del t, args
+        h = jnp.asarray(h, z[1].dtype)
+        k = jax.eval_shape(lambda q: self.rattle._mech.g(q), z[0]).shape[0]
+        run = lambda z, h: self.rattle._advance_composed(z, tuple(c * h for c in self.coefficients))  # noqa: E731
+        if k <= _SIMPLIFIED_CONSTRAINTS:
+            return scalar_graph(run, z, h, enabled=self.rattle.simplify)
+        return run(z, h)
+
+    @staticmethod
+    def fuses(step) -> bool:
+        """Whether compositions of `step` fuse (separable RATTLE without carried factors)."""
+        return (isinstance(step, Rattle) and step.separable and step.velocity_projection
+                and step.refactor_every is None)
 
 
 #: Newton iterations RATTLE and SHAKE write out by default, before the convergence check;
