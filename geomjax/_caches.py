@@ -2,7 +2,7 @@
 
 import jax
 
-from ._driver import common, sweep
+from ._driver import common, hoisting, sweep
 from ._system import implicit
 from ._stability import analysis as stability
 
@@ -32,6 +32,7 @@ def clear_caches() -> None:
     ```
     """
     common._MEMOS.clear()
+    hoisting.clear()
     common._NO_DETAIL.clear()
     common._RUN_OPTIONS.clear()
     sweep._PROBED.clear()

@@ -421,7 +421,7 @@ def test_a_singular_sparse_constraint_matrix_is_reported_at_the_start():
 def test_step_jacobians_forward_reverse_and_batched_agree(structured):
     """jacfwd (a vmap over tangents: a flag carried out of the solves as auxiliary output
     came out batched there and broke it) and jacrev of a sparse RATTLE step agree."""
-    model = geomjax.models.rod_ring(16)
+    model = geomjax.models.rod_ring(8)
     step = geomjax.rattle(model.system, structured=structured)
     f = lambda x: step(x, 0.01)
     np.testing.assert_allclose(jax.jacrev(f)(model.x0), jax.jacfwd(f)(model.x0), atol=1e-12)

@@ -16,25 +16,36 @@ from jax import lax
 
 from .._monitored import AbstractMonitored
 from .._status import RESULTS, code_int, from_code
-from .._validate import at_top_level
+from .._validate import _TRACE_ERRORS, at_top_level
+from . import hoisting
 from .solution import FailureDetail, Solution
 
 
 @eqx.filter_jit
-def _compiled(program, options, *trees):
-    return program(*trees, *options)
+def _compiled(program, options, values, *trees):
+    return program(*hoisting.restore_trees(trees, values), *options)
 
 
 def compiled_call(program, options: tuple, *trees):
     """`program(*trees, *options)`, compiled by `equinox.filter_jit` once per static
     structure of its inputs: array leaves (jax or numpy arrays, tracers) of `trees` and
     of `options` are traced, everything else (the program, functions, Python numbers)
-    is static and part of JAX's cache key, so two closures are two programs. Works
-    inside jit/vmap/grad; values a function closes over are traced by the enclosing
-    transformation, not baked in. Whatever changes a trace is an argument: a field's or
-    step's static options (`simplify`) are part of its static structure, so of the key.
+    is static and part of JAX's cache key. Functions are keyed by their code and what
+    they close over, with closed-over float numbers hoisted out as arguments
+    (`hoisting`): two closures of the same code over different numbers share a program.
+    Works inside jit/vmap/grad; values a function closes over are traced by the
+    enclosing transformation, not baked in. Whatever changes a trace is an argument: a
+    field's or step's static options (`simplify`) are part of its static structure, so
+    of the key.
     """
-    return _compiled(program, options, *trees)
+    hoisted, values = hoisting.hoist_trees(trees)
+    if not values:
+        return _compiled(program, options, (), *trees)
+    try:
+        return _compiled(program, options, values, *hoisted)
+    except _TRACE_ERRORS:  # a user function needs a closed-over number as a Python value
+        hoisting.refuse(jax.tree_util.tree_leaves(hoisted))
+        return _compiled(program, options, (), *trees)
 
 
 class _StaticPart:
@@ -56,11 +67,11 @@ class _StaticPart:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _compiled_on(static: _StaticPart, dynamic, *arrays):
+def _compiled_on(static: _StaticPart, dynamic, values, *arrays):
     program, options, treedef, leaves = static.parts
     it = iter(dynamic)
-    obj = jax.tree_util.tree_unflatten(treedef, [next(it) if leaf is None else leaf for leaf in leaves])
-    return program(obj, *arrays, *options)
+    leaves = hoisting.restore([next(it) if leaf is None else leaf for leaf in leaves], values)
+    return program(jax.tree_util.tree_unflatten(treedef, leaves), *arrays, *options)
 
 
 def compiled_call_on(program, options: tuple, obj, *arrays):
@@ -79,14 +90,22 @@ def compiled_call_on(program, options: tuple, obj, *arrays):
     if found is None:
         leaves, treedef = jax.tree_util.tree_flatten(obj)
         dynamic = [leaf for leaf in leaves if eqx.is_array(leaf)]
-        parts = (program, options, treedef,
-                 tuple(None if eqx.is_array(leaf) else leaf for leaf in leaves))
+        hoisted, values = hoisting.hoist([None if eqx.is_array(leaf) else leaf for leaf in leaves])
+        parts = (program, options, treedef, tuple(hoisted))
         try:
             static = _StaticPart(parts, hash(parts))
         except TypeError:  # an unhashable static leaf: equinox's path says what is wrong
             return compiled_call(program, options, obj, *arrays)
-        found = memo[key] = (static, dynamic)
-    return _compiled_on(found[0], found[1], *arrays)
+        found = memo[key] = (static, dynamic, values)
+    try:
+        return _compiled_on(found[0], found[1], found[2], *arrays)
+    except _TRACE_ERRORS:
+        if not found[2]:
+            raise
+        # a user function needs a closed-over number as a Python value: keep it in the key
+        hoisting.refuse(found[0].parts[3])
+        del memo[key]
+        return compiled_call_on(program, options, obj, *arrays)
 
 
 # What is known of an object (a field or step), per object: {id: (weak reference, {what:
