@@ -88,6 +88,9 @@ def test_closed_over_numbers_are_arguments_and_everything_else_is_in_the_key():
     assert common._compiled_on._cache_size() == size  # no new program
     assert again[1] == values[0] and len({*values, again[0]}) == 3
     grads = [float(jax.grad(loss)(g)) for g in (1.0, 2.0)]  # eager grad: the same reuse
+    size = common._compiled._cached._cache_size()
+    float(jax.grad(loss)(3.0))
+    assert common._compiled._cached._cache_size() == size
     eps = 1e-6
     assert abs(grads[1] - (loss(2.0 + eps) - loss(2.0 - eps)) / (2 * eps)) < 1e-6
     assert grads[0] != grads[1]
