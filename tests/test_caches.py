@@ -60,6 +60,9 @@ def test_equal_fields_share_a_program_and_different_closures_do_not():
     assert not jnp.allclose(a.xs, c.xs)
 
 
+_SCALE = 1.0
+
+
 def _pendulum_run(h_of_x):
     import jax.numpy as jnp
 
@@ -94,6 +97,16 @@ def test_closed_over_numbers_are_arguments_and_everything_else_is_in_the_key():
     eps = 1e-6
     assert abs(grads[1] - (loss(2.0 + eps) - loss(2.0 - eps)) / (2 * eps)) < 1e-6
     assert grads[0] != grads[1]
+
+    global _SCALE
+
+    def scaled(g):  # a closure that also reads a global
+        return _pendulum_run(lambda x: 0.5 * x[1] ** 2 + g * _SCALE * jnp.cos(x[0]))[0]
+
+    for scale in (1.0, 2.0):  # the global rebound between calls: another program, the new value
+        _SCALE = scale
+        np.testing.assert_allclose(float(scaled(1.0)), values[int(scale) - 1], rtol=1e-13)
+    _SCALE = 1.0
 
     def indexed(k):  # an integer closed over: by value
         return _pendulum_run(lambda x: 0.5 * x[1] ** 2 + jnp.cos(x[k] + 1.0))[0]

@@ -18,7 +18,8 @@ numbers of the same shape then have equal templates, so they share one program; 
 it, the functions are rebuilt with the traced numbers in their cells.
 
 What is never reused: a program for other code (code objects compare by value, with
-their constants), for other globals or defaults, or for a cell holding anything else
+their constants), for other values of the globals the code reads (numbers and small NumPy
+arrays by value, anything else by identity), other defaults, or for a cell holding anything else
 (kept by identity: another System, a list, a module object), for numbers of another
 shape or dtype, or for integers and booleans (kept by value: they may set shapes and
 Python control flow). A function that needs a closed-over float as a Python number (in
@@ -69,26 +70,55 @@ class _Same:
         return id(self.value)
 
 
+#: Global NumPy arrays up to this many elements are keyed by their contents (they may be
+#: changed in place between calls); larger ones by identity.
+MAX_HASHED_GLOBAL_SIZE = 10_000
+
+
+def _names(code) -> set:
+    """The names `code` and the code objects nested in it look up (globals among them)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _global_value(value):
+    if value is None or isinstance(value, (bool, int, float, complex, str)):
+        return ("value", type(value), value)
+    if isinstance(value, np.ndarray) and value.size <= MAX_HASHED_GLOBAL_SIZE:
+        return ("array", value.shape, str(value.dtype), value.tobytes())
+    return ("same", _Same(value))  # modules, functions, classes, JAX arrays (immutable), objects
+
+
+def _globals_read(code, namespace) -> tuple:
+    """The global values the function's code reads, as a key: a global rebound (or a NumPy
+    array changed in place) between two calls gives another key, so another program."""
+    return tuple((name, _global_value(namespace[name])) for name in sorted(_names(code)) if name in namespace)
+
+
 class FunctionTemplate:
     """A plain Python function with its hoistable closed-over numbers taken out: equal
     for functions of the same code, globals and defaults whose cells differ only in the
     values of those numbers. `rebuild(values)` makes the function anew with `values`
     (an iterator) in the slots, in order."""
 
-    __slots__ = ("code", "globals", "name", "defaults", "kwdefaults", "cells", "_hash")
+    __slots__ = ("code", "globals", "read", "name", "defaults", "kwdefaults", "cells", "_hash")
 
     def __init__(self, fn, cells):
         self.code = fn.__code__
         self.globals = _Same(fn.__globals__)
+        self.read = _globals_read(fn.__code__, fn.__globals__)
         self.name = fn.__name__
         self.defaults = _Same(fn.__defaults__) if fn.__defaults__ is not None else None
         self.kwdefaults = _Same(fn.__kwdefaults__) if fn.__kwdefaults__ else None
         self.cells = cells
-        self._hash = hash((self.code, self.globals, self.cells))
+        self._hash = hash((self.code, self.globals, self.read, self.cells))
 
     def __eq__(self, other):
         return (isinstance(other, FunctionTemplate) and self._hash == other._hash and self.code == other.code
-                and self.globals == other.globals and self.defaults == other.defaults
+                and self.globals == other.globals and self.read == other.read and self.defaults == other.defaults
                 and self.kwdefaults == other.kwdefaults and self.cells == other.cells)
 
     def __hash__(self):
