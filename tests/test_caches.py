@@ -107,6 +107,14 @@ def test_closed_over_numbers_are_arguments_and_everything_else_is_in_the_key():
         _SCALE = scale
         np.testing.assert_allclose(float(scaled(1.0)), values[int(scale) - 1], rtol=1e-13)
     _SCALE = 1.0
+    params = {"s": 1.0}
+
+    def mutable(g):  # a closure over a dict, changed in place between calls: never a template
+        return _pendulum_run(lambda x: 0.5 * x[1] ** 2 + g * params["s"] * jnp.cos(x[0]))[0]
+
+    first = float(mutable(1.0))
+    params["s"] = 2.0
+    np.testing.assert_allclose([first, float(mutable(1.0))], values, rtol=1e-13)
 
     def indexed(k):  # an integer closed over: by value
         return _pendulum_run(lambda x: 0.5 * x[1] ** 2 + jnp.cos(x[k] + 1.0))[0]

@@ -19,10 +19,12 @@ it, the functions are rebuilt with the traced numbers in their cells.
 
 What is never reused: a program for other code (code objects compare by value, with
 their constants), for other values of the globals the code reads (numbers and small NumPy
-arrays by value, anything else by identity), other defaults, or for a cell holding anything else
-(kept by identity: another System, a list, a module object), for numbers of another
-shape or dtype, or for integers and booleans (kept by value: they may set shapes and
-Python control flow). A function that needs a closed-over float as a Python number (in
+arrays by value, immutable objects by identity), other defaults, or for a cell holding
+another object (immutable ones by identity: another System, a JAX array, a module), for
+numbers of another shape or dtype, or for integers and booleans (kept by value: they may
+set shapes and Python control flow). A function that reaches anything that may change in
+place (a list, a dict, a large NumPy array, an arbitrary object) gets no template: it
+stays keyed by its identity, as every function was before. A function that needs a closed-over float as a Python number (in
 `if g > 0:`, `np.sqrt(g)`, a shape) cannot take it traced: that is found at the first
 trace (`_TRACE_ERRORS`), and its template is then marked to keep its numbers in the key,
 as before.
@@ -30,6 +32,7 @@ as before.
 
 import types
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -84,17 +87,35 @@ def _names(code) -> set:
     return names
 
 
+def _immutable(value) -> bool:
+    """Whether `value` cannot change in place, so that identity keys it: modules, functions,
+    classes, numbers, strings, JAX arrays, equinox modules, and tuples of these."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, type, types.ModuleType,
+                                           types.FunctionType, types.BuiltinFunctionType, np.dtype, jax.Array,
+                                           eqx.Module)):
+        return True
+    return isinstance(value, tuple) and all(_immutable(v) for v in value)
+
+
+class _Mutable(Exception):
+    """A function reads something that may change in place: it gets no template."""
+
+
 def _global_value(value):
     if value is None or isinstance(value, (bool, int, float, complex, str)):
         return ("value", type(value), value)
     if isinstance(value, np.ndarray) and value.size <= MAX_HASHED_GLOBAL_SIZE:
         return ("array", value.shape, str(value.dtype), value.tobytes())
-    return ("same", _Same(value))  # modules, functions, classes, JAX arrays (immutable), objects
+    if not _immutable(value):
+        raise _Mutable
+    return ("same", _Same(value))
 
 
 def _globals_read(code, namespace) -> tuple:
-    """The global values the function's code reads, as a key: a global rebound (or a NumPy
-    array changed in place) between two calls gives another key, so another program."""
+    """The global values the function's code reads, as a key: a global rebound (or a small
+    NumPy array changed in place) between two calls gives another key, so another program.
+    Raises `_Mutable` for a global that could change in place unseen (a list, a dict, a
+    large array, an object)."""
     return tuple((name, _global_value(namespace[name])) for name in sorted(_names(code)) if name in namespace)
 
 
@@ -164,12 +185,18 @@ def _template(fn, values: list, seen: set):
             hoisted = hoisted or inner is not None
         elif content is None or isinstance(content, (bool, int, str)):
             cells.append(("value", (type(content), content)))  # by value: True and 1 differ
-        else:
+        elif _immutable(content):
             cells.append(("same", _Same(content)))
+        else:  # a list, a dict, an object: it may change in place, so the function keeps its identity
+            return None
     if not hoisted:
         return None
+    try:
+        template = FunctionTemplate(fn, tuple(cells))
+    except _Mutable:
+        return None
     values.extend(mine)
-    return FunctionTemplate(fn, tuple(cells))
+    return template
 
 
 #: Templates whose function could not take its numbers traced: kept in the key by value.
