@@ -272,3 +272,25 @@ def test_planar_chain_angles_round_trip():
     np.testing.assert_allclose(angles[0, :, :2], thetas, atol=1e-12)
     np.testing.assert_allclose(angles[0, :, 2:], rates, atol=1e-12)
     np.testing.assert_allclose(to_cartesian(angles), xs, atol=1e-12)
+
+
+def test_early_stopping_on_held_out_chunks_returns_the_best_epoch():
+    """`train(validation=, patience=)`: the held-out rollout loss after every epoch, the model
+    of the epoch where it was lowest, and a stop after `patience` epochs without a new
+    lowest. Gradient ascent makes every epoch worse than the first: training stops after
+    1 + patience epochs and returns the first epoch's model; descent runs to the end."""
+    import optax
+
+    data = geomjax.chain_trajectories(1, 6, steps=4, key=jax.random.key(0))
+    train_set, held = data.split(4)
+    net = geomjax.ConstrainedHamiltonianNetwork(2, data.constraints, width_size=4, depth=1, key=jax.random.key(1))
+    common = dict(chunk_length=2, loss="mse", key=jax.random.key(2), validation=held)
+    worse, history = geomjax.train(net, train_set, epochs=10, optimizer=optax.sgd(-0.05), patience=2, **common)
+    assert len(history["loss"]) == 3 and history["best_epoch"] == 0
+    chunks = held.xs[:, :4].reshape(held.xs.shape[0] * 2, 2, -1)
+    np.testing.assert_allclose(float(geomjax.rollout_loss(worse, chunks, data.dt, loss="mse")), history["validation"][0],
+                               rtol=1e-12)
+    _, history = geomjax.train(net, train_set, epochs=12, optimizer=optax.adam(0.05), **common)
+    assert len(history["validation"]) == 12 and history["validation"][history["best_epoch"]] < history["validation"][0]
+    with pytest.raises(ValueError, match="validation="):
+        geomjax.train(net, train_set, epochs=2, patience=1, key=jax.random.key(2))

@@ -310,6 +310,8 @@ def train(
     key: PRNGKeyArray,
     progress: bool | str = False,
     start_tol: float | None = checks.START_TOL,
+    validation=None,
+    patience: int | None = None,
 ):
     """Train a model on observed trajectories by minimising the rollout loss with optax.
 
@@ -343,6 +345,11 @@ def train(
     - `progress`: show a progress bar over epochs with the loss (a string labels it).
     - `start_tol`: for a constrained network, every chunk's first observation must lie
       on its constraint set (as for `rollout`); None skips the check (noisy data).
+    - `validation`: held-out trajectories (like `data`, same dt), cut into chunks the same
+      way: after every epoch their mean rollout loss is measured, and the model returned
+      is the one of the epoch where it was lowest (early stopping on held-out chunks).
+    - `patience`: with `validation`, stop after this many epochs without a new lowest
+      validation loss (None: run all `epochs`, still returning the best epoch's model).
 
     Empty data, non-finite observations (named: where), data observed in the other
     convention than the network's, states of another length and a bad dt are errors that
@@ -352,7 +359,9 @@ def train(
     entry per epoch: `"loss"` (the mean minibatch loss, before each step's update),
     `"failed_chunks"` (chunk predictions left out of the loss), `"skipped"` (steps
     skipped for a non-finite loss or gradient) and `"seconds"` (the epoch's wall time);
-    and `"compile_seconds"`, the time to compile the epoch.
+    and `"compile_seconds"`, the time to compile the epoch. With `validation`, also
+    `"validation"` (the held-out loss after each epoch) and `"best_epoch"` (the epoch of the
+    model returned, counted from 0).
 
     Example (a pendulum from four short trajectories, one RK4 step per chunk):
 
@@ -379,6 +388,19 @@ def train(
     checks.dimension(model, xs, "train")
     chunks = cut_chunks(xs, chunk_length)
     checks.starts_on_constraints(model, chunks[:, 0], start_tol, "train")
+    held_out = None
+    if validation is not None:
+        checks.convention(model, validation, "train (validation)")
+        vxs, vdt = checks.trajectories(validation, dt, "train (validation)")
+        if vdt != dt:
+            raise ValueError(f"train: the validation data are observed every {vdt:g}, the training data every {dt:g}")
+        checks.dimension(model, vxs, "train (validation)")
+        held_out = cut_chunks(vxs, chunk_length)
+        checks.starts_on_constraints(model, held_out[:, 0], start_tol, "train (validation)")
+    if patience is not None:
+        if held_out is None:
+            raise ValueError("train: patience= stops on the loss of held-out chunks: give validation= too")
+        patience = positive_count(patience, "patience")
     count = chunks.shape[0]
     batch_size = min(batch_size, count)
     batches = count // batch_size
@@ -429,14 +451,21 @@ def train(
     def order_of(k):
         return jax.random.permutation(k, count)[: batches * batch_size].reshape(batches, batch_size)
 
+    @jax.jit
+    def validation_loss(params, chunks):
+        return _loss_value(eqx.combine(params, static), chunks, dt, method, substeps, gains, loss)
+
     keys = jax.random.split(key, epochs)
     start = time.perf_counter()
     compiled = epoch.lower(params, opt_state, chunks, order_of(keys[0])).compile()
     compile_seconds = time.perf_counter() - start
     history = {"loss": [], "skipped": [], "failed_chunks": [], "seconds": []}
+    if held_out is not None:
+        history["validation"] = []
+        best = (math.inf, params, -1)
     bar = _progress_bar(epochs, progress)
     try:
-        for k in keys:
+        for i, k in enumerate(keys):
             start = time.perf_counter()
             params, opt_state, values, skipped, failed = compiled(params, opt_state, chunks, order_of(k))
             values = np.asarray(values)
@@ -448,17 +477,28 @@ def train(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{history['loss'][-1]:.4g}")
+            if held_out is not None:
+                held = float(validation_loss(params, held_out))
+                history["validation"].append(held)
+                if held < best[0]:  # (a NaN loss is never the best)
+                    best = (held, params, i)
+                elif patience is not None and i - best[2] >= patience:
+                    break
     finally:
         if bar is not None:
             bar.close()
     history = {name: np.asarray(values) for name, values in history.items()}
     history["compile_seconds"] = compile_seconds
+    if held_out is not None:
+        if best[2] >= 0:
+            params = best[1]
+        history["best_epoch"] = best[2]
     failed_chunks, skipped_steps = int(history["failed_chunks"].sum()), int(history["skipped"].sum())
     if failed_chunks or skipped_steps:
         cause = "a RATTLE step whose Newton solve did not converge, or a rollout that blew up"
         warnings.warn(
-            f"train left {failed_chunks} of {epochs * batches * batch_size} chunk predictions out of their minibatch's "
-            f"loss because they were not finite ({cause}), and skipped {skipped_steps} of {epochs * batches} steps "
+            f"train left {failed_chunks} of {len(history['loss']) * batches * batch_size} chunk predictions out of their minibatch's "
+            f"loss because they were not finite ({cause}), and skipped {skipped_steps} of {len(history['loss']) * batches} steps "
             "whose loss or gradient was not finite even so; lower the learning rate, or take substeps",
             RuntimeWarning,
             stacklevel=2,
