@@ -198,6 +198,18 @@ def test_internal_example_runs():
     assert doctest.testmod(block_lu).failed == 0
 
 
+def _oscillator_chain(stiffness=30.0):
+    """Gauss 4 with Newton on 20 coupled nonlinear oscillators (n = 40), and a start."""
+
+    def field(x):
+        q, p = x[:20], x[20:]
+        springs = jnp.diff(q, prepend=0.0, append=0.0)
+        return jnp.concatenate([p, stiffness * jnp.diff(springs) - q**3])
+
+    x0 = jnp.concatenate([jnp.sin(jnp.arange(20.0)), jnp.zeros(20)])
+    return geomjax.implicit_rk(field, geomjax.GAUSS4, solver="newton"), x0
+
+
 def test_implicit_rk_newton_matrix_free_matches_the_dense_jacobian(monkeypatch):
     """Gauss 4 with Newton on a chain of 20 nonlinear oscillators (a stiff-ish coupled
     field): the stages' simplified Newton by GMRES on jvp products (forced below its size
@@ -205,13 +217,7 @@ def test_implicit_rk_newton_matrix_free_matches_the_dense_jacobian(monkeypatch):
     steps."""
     from geomjax._step import implicit_rk
 
-    def field(x):
-        q, p = x[:20], x[20:]
-        springs = jnp.diff(q, prepend=0.0, append=0.0)
-        return jnp.concatenate([p, 30.0 * jnp.diff(springs) - q**3])
-
-    x0 = jnp.concatenate([jnp.sin(jnp.arange(20.0)), jnp.zeros(20)])
-    step = geomjax.implicit_rk(field, geomjax.GAUSS4, solver="newton")
+    step, x0 = _oscillator_chain()
     dense, _ = _run(step, x0, steps=5)
     monkeypatch.setattr(implicit_rk, "MATRIX_FREE_MIN", 0)
     free, codes_free = _run(step, x0, steps=5)
@@ -228,13 +234,7 @@ def test_implicit_rk_matrix_free_gradients_form_no_jacobian(monkeypatch):
 
     from geomjax._step import implicit_rk
 
-    def field(x):
-        q, p = x[:20], x[20:]
-        springs = jnp.diff(q, prepend=0.0, append=0.0)
-        return jnp.concatenate([p, 30.0 * jnp.diff(springs) - q**3])
-
-    x0 = jnp.concatenate([jnp.sin(jnp.arange(20.0)), jnp.zeros(20)])
-    step = geomjax.implicit_rk(field, geomjax.GAUSS4, solver="newton")
+    step, x0 = _oscillator_chain()
 
     def energy_after(x):
         return jnp.sum(step.advance(0.0, x, 0.05, None)[0] ** 2)
@@ -255,6 +255,14 @@ def test_implicit_rk_matrix_free_gradients_form_no_jacobian(monkeypatch):
     fd = (energy_after(x0 + eps * direction) - energy_after(x0 - eps * direction)) / (2 * eps)
     np.testing.assert_allclose(float(tangent), float(jnp.dot(free_grad, direction)), rtol=1e-9)
     np.testing.assert_allclose(float(tangent), float(fd), rtol=1e-6)
+
+    def closed_over(stiffness):  # jit(grad) w.r.t. a value the field closes over
+        step, x0 = _oscillator_chain(stiffness)
+        return jnp.sum(step.advance(0.0, x0, 0.05, None)[0] ** 2)
+
+    grad = float(jax.jit(jax.grad(closed_over))(30.0))
+    fd = (closed_over(30.0 + 1e-5) - closed_over(30.0 - 1e-5)) / 2e-5
+    np.testing.assert_allclose(grad, float(fd), rtol=1e-6)
 
 
 def _dirac_rk_final_height(g, steps=2):

@@ -115,6 +115,15 @@ def test_the_triple_jump_of_rattle_fuses_its_joints_and_is_the_same_map():
     assert abs(fit.order - 4) <= 0.3, fit
     assert isinstance(geomjax.triple_jump(geomjax.shake(SPHERE.system)), Composition)
 
+    def height(g):  # jit(grad) w.r.t. a value H closes over, through the fused composition
+        system = geomjax.System(lambda x: 0.5 * x[3:] @ x[3:] + g * x[2], geomjax.canonical(3),
+                                holonomic=lambda q: q @ q - 1.0)
+        return geomjax.integrate(geomjax.triple_jump(geomjax.rattle(system)), X0, dt=0.05, steps=20).x_final[2]
+
+    grad = float(jax.jit(jax.grad(height))(9.81))
+    fd = float((height(9.81 + 1e-5) - height(9.81 - 1e-5)) / 2e-5)
+    assert abs(grad - fd) <= 1e-6 * max(1.0, abs(fd)), (grad, fd)
+
 
 @pytest.mark.extended  # 4 s; the same code path as the sphere's above, with k = 3 constraints
 def test_the_fused_triple_jump_of_rattle_on_a_chain_is_symplectic_and_the_same_map():

@@ -492,6 +492,14 @@ def train(
     if held_out is not None:
         if best[2] >= 0:
             params = best[1]
+        else:
+            warnings.warn(
+                "train: the loss of the validation chunks was not finite after any epoch (predictions that blew "
+                "up, or a RATTLE step that failed on them): the model of the last epoch is returned, and "
+                "history['best_epoch'] is -1",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         history["best_epoch"] = best[2]
     failed_chunks, skipped_steps = int(history["failed_chunks"].sum()), int(history["skipped"].sum())
     if failed_chunks or skipped_steps:

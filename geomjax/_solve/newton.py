@@ -335,7 +335,6 @@ def structured_tangent_solve(structure, g, b):
     return structure.solve(structure.jacobian(g, jnp.zeros_like(b)), b)
 
 
-
 def _optimistix_solve(settings: Newton, fn, guess):
     import lineax as lx
     import optimistix as optx

@@ -467,7 +467,7 @@ class RattleComposition(SystemStep):
         k = jax.eval_shape(lambda q: self.rattle._mech.g(q), z[0]).shape[0]
         run = lambda z, h: self.rattle._advance_composed(z, tuple(c * h for c in self.coefficients))  # noqa: E731
         if k <= _SIMPLIFIED_CONSTRAINTS:
-            return scalar_graph(run, z, h, enabled=self.rattle.simplify)
+            return scalar_graph(run, z, h, enabled=self.simplify and self.rattle.simplify)
         return run(z, h)
 
     @staticmethod
