@@ -128,7 +128,10 @@ def _random_sparse_model(seed=3):
     return geomjax.models.Model("random", system, base.params, base.x0, ())
 
 
-@pytest.mark.parametrize("name", ["cloth", "rod_tree", "rod_ring", "water_box", "random"])
+# the ring and the molecules in the extended job (3 s each): the same Krylov and block paths as
+# the cloth, the tree and the random graph, on other shapes of graph
+@pytest.mark.parametrize("name", ["cloth", "rod_tree", pytest.param("rod_ring", marks=pytest.mark.extended),
+                                  pytest.param("water_box", marks=pytest.mark.extended), "random"])
 def test_matrix_free_rattle_matches_dense(name):
     model = {"cloth": lambda: geomjax.models.cloth(4), "rod_tree": lambda: geomjax.models.rod_tree(20),
              "rod_ring": lambda: geomjax.models.rod_ring(20), "water_box": lambda: geomjax.models.water_box(2),
